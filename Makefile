@@ -1,0 +1,49 @@
+# Every target installs what it needs into .venv (pinned by constraints.txt) on a fresh machine.
+# torch==2.13.0 is the CPU wheel that installs offline on our machines; keep it pinned here,
+# not in pyproject.toml (the package itself accepts a range).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+INSTALL := $(PIP) install -q -c constraints.txt
+export OMP_NUM_THREADS ?= 1
+export PYTHONHASHSEED ?= 0
+
+.PHONY: install test test-fast verify verify-deep bench repro repro-full examples clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.stamp-test: pyproject.toml constraints.txt | $(BIN)/python
+	$(INSTALL) -e '.[test]'
+	touch $@
+
+$(VENV)/.stamp-all: pyproject.toml constraints.txt | $(BIN)/python
+	$(INSTALL) -e '.[test,adapters,repro]'
+	touch $@ $(VENV)/.stamp-test
+
+install: $(VENV)/.stamp-all  ## everything: library, proofs, tests, adapters, repro
+
+test: $(VENV)/.stamp-all  ## the whole test suite (CI runs this)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process tiers
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not adapters"
+
+verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs/REPORT.md
+	$(BIN)/python -m proofs verify
+
+verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=8); appends to the report
+	$(BIN)/python -m proofs verify --deep
+
+bench: $(VENV)/.stamp-all  ## batching quality + runtime overhead; writes paper_repro/results/
+	$(BIN)/python -m paper_repro.bench
+
+repro: $(VENV)/.stamp-all  ## the paper's benchmarks on this machine (< 15 min on 2 cores)
+	$(BIN)/python -m paper_repro.repro
+
+repro-full: $(VENV)/.stamp-all  ## the larger grid
+	$(BIN)/python -m paper_repro.repro --full
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

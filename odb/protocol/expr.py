@@ -1,0 +1,341 @@
+"""A tiny expression language for the DGAP table, with a concrete interpreter.
+
+Legend: an expression is an immutable tree of `Expr` nodes.  Leaves name the
+values a guard or an update may read:
+
+    Const(v)     an integer or boolean literal
+    Field(f)     a field of the acting rank's local state (see `table.FIELDS`)
+    Input(i)     a value the environment hands to the rank at this step: the data
+                 source's answer, or the reduced result of a collective
+    Hdr(h)       a field of one rank's posted header (only inside an `Aggregate`)
+    Cfg(c)       a configuration constant: the window ``W`` or the ``mode``
+    Param(p)     a value chosen by the rank's grouping policy within bounds the row states
+    Let(name)    a named derived expression of the table (expanded on evaluation)
+
+Inner nodes are `Op(op, args)` with ``op`` in `OPS`.  Booleans and integers
+share one domain in the concrete interpreter (``True == 1``); the z3 interpreter
+(`to_z3`) keeps them apart, so the table must be well typed (`typecheck`).
+
+Why not lambdas: Python's ``and``/``or``/``if``/``min`` do not lift to z3 terms,
+and ``==`` on z3 terms silently compares syntax.  A tree can also be rendered,
+hashed and mutated, which the proofs need.
+
+Neither torch nor z3 is imported here; `to_z3` imports z3 when it is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+__all__ = [
+    "Expr", "Const", "Field", "Input", "Hdr", "Cfg", "Param", "Let", "Op", "OPS",
+    "add", "sub", "mn", "mx", "eq", "ne", "le", "lt", "ge", "gt", "and_", "or_", "not_",
+    "ite", "lift", "evaluate", "render", "leaves", "typecheck", "to_z3", "Scope",
+]
+
+
+class Expr:
+    """Base class of expression nodes.  Arithmetic operators build `Op` nodes."""
+
+    __slots__ = ()
+
+    def __add__(self, other: "ExprLike") -> "Op":
+        return add(self, other)
+
+    def __radd__(self, other: "ExprLike") -> "Op":
+        return add(other, self)
+
+    def __sub__(self, other: "ExprLike") -> "Op":
+        return sub(self, other)
+
+    def __rsub__(self, other: "ExprLike") -> "Op":
+        return sub(other, self)
+
+
+ExprLike = Union[Expr, int, bool]
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int | bool
+
+
+@dataclass(frozen=True)
+class Field(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Input(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Hdr(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Cfg(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Param(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Let(Expr):
+    name: str
+
+
+# op -> (arity, result kind, argument kind); kinds: "int", "bool", "any" (same as other arg)
+OPS: dict[str, tuple[int, str, str]] = {
+    "+": (2, "int", "int"),
+    "-": (2, "int", "int"),
+    "min": (2, "int", "int"),
+    "max": (2, "int", "int"),
+    "==": (2, "bool", "any"),
+    "!=": (2, "bool", "any"),
+    "<=": (2, "bool", "int"),
+    "<": (2, "bool", "int"),
+    ">=": (2, "bool", "int"),
+    ">": (2, "bool", "int"),
+    "and": (2, "bool", "bool"),
+    "or": (2, "bool", "bool"),
+    "not": (1, "bool", "bool"),
+    "ite": (3, "any", "any"),
+}
+
+
+@dataclass(frozen=True)
+class Op(Expr):
+    op: str
+    args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown operator {self.op!r}; valid: {sorted(OPS)}")
+        if len(self.args) != OPS[self.op][0]:
+            raise ValueError(f"operator {self.op!r} takes {OPS[self.op][0]} arguments, got {len(self.args)}")
+
+
+def lift(x: ExprLike) -> Expr:
+    """Wrap a Python int/bool as `Const`; pass expressions through."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (bool, int)):
+        return Const(x)
+    raise TypeError(f"cannot use {type(x).__name__} {x!r} in a table expression")
+
+
+def _op(op: str, *args: ExprLike) -> Op:
+    return Op(op, tuple(lift(a) for a in args))
+
+
+def add(a: ExprLike, b: ExprLike) -> Op: return _op("+", a, b)
+def sub(a: ExprLike, b: ExprLike) -> Op: return _op("-", a, b)
+def mn(a: ExprLike, b: ExprLike) -> Op: return _op("min", a, b)
+def mx(a: ExprLike, b: ExprLike) -> Op: return _op("max", a, b)
+def eq(a: ExprLike, b: ExprLike) -> Op: return _op("==", a, b)
+def ne(a: ExprLike, b: ExprLike) -> Op: return _op("!=", a, b)
+def le(a: ExprLike, b: ExprLike) -> Op: return _op("<=", a, b)
+def lt(a: ExprLike, b: ExprLike) -> Op: return _op("<", a, b)
+def ge(a: ExprLike, b: ExprLike) -> Op: return _op(">=", a, b)
+def gt(a: ExprLike, b: ExprLike) -> Op: return _op(">", a, b)
+def not_(a: ExprLike) -> Op: return _op("not", a)
+def ite(c: ExprLike, a: ExprLike, b: ExprLike) -> Op: return _op("ite", c, a, b)
+
+
+def and_(*args: ExprLike) -> Expr:
+    """Left-nested conjunction; ``and_()`` is ``True``."""
+    if not args:
+        return Const(True)
+    out = lift(args[0])
+    for a in args[1:]:
+        out = _op("and", out, a)
+    return out
+
+
+def or_(*args: ExprLike) -> Expr:
+    """Left-nested disjunction; ``or_()`` is ``False``."""
+    if not args:
+        return Const(False)
+    out = lift(args[0])
+    for a in args[1:]:
+        out = _op("or", out, a)
+    return out
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an expression may read during one evaluation.
+
+    Each mapping is looked up by leaf kind.  `lets` maps a name to its
+    expression; a `Let` leaf is evaluated in the same scope.  A missing name
+    raises `KeyError` naming the leaf, so an incomplete environment is never
+    silently read as zero.
+    """
+
+    fields: Mapping[str, int] = None  # type: ignore[assignment]
+    inputs: Mapping[str, int] = None  # type: ignore[assignment]
+    hdr: Mapping[str, int] = None  # type: ignore[assignment]
+    cfg: Mapping[str, int] = None  # type: ignore[assignment]
+    params: Mapping[str, int] = None  # type: ignore[assignment]
+    lets: Mapping[str, Expr] = None  # type: ignore[assignment]
+
+
+def _lookup(table: Mapping[str, int] | None, kind: str, name: str) -> int:
+    if table is None or name not in table:
+        raise KeyError(f"{kind}({name!r}) is not bound in this scope")
+    return table[name]
+
+
+def evaluate(e: Expr, s: Scope) -> int:
+    """Concrete value of `e` in scope `s` (booleans come back as bool)."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Field):
+        return _lookup(s.fields, "Field", e.name)
+    if isinstance(e, Input):
+        return _lookup(s.inputs, "Input", e.name)
+    if isinstance(e, Hdr):
+        return _lookup(s.hdr, "Hdr", e.name)
+    if isinstance(e, Cfg):
+        return _lookup(s.cfg, "Cfg", e.name)
+    if isinstance(e, Param):
+        return _lookup(s.params, "Param", e.name)
+    if isinstance(e, Let):
+        if s.lets is None or e.name not in s.lets:
+            raise KeyError(f"Let({e.name!r}) is not defined")
+        return evaluate(s.lets[e.name], s)
+    assert isinstance(e, Op), e
+    op, args = e.op, e.args
+    if op == "ite":
+        return evaluate(args[1], s) if evaluate(args[0], s) else evaluate(args[2], s)
+    if op == "and":
+        return bool(evaluate(args[0], s)) and bool(evaluate(args[1], s))
+    if op == "or":
+        return bool(evaluate(args[0], s)) or bool(evaluate(args[1], s))
+    if op == "not":
+        return not evaluate(args[0], s)
+    a, b = evaluate(args[0], s), evaluate(args[1], s)
+    return _BINARY[op](a, b)
+
+
+_BINARY: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "min": min,
+    "max": max,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<=": lambda a, b: a <= b,
+    "<": lambda a, b: a < b,
+    ">=": lambda a, b: a >= b,
+    ">": lambda a, b: a > b,
+}
+
+_INFIX = {"+", "-", "==", "!=", "<=", "<", ">=", ">", "and", "or"}
+
+
+def render(e: Expr) -> str:
+    """Human-readable infix form, used by the Markdown table and the hash."""
+    if isinstance(e, Const):
+        return str(e.value).lower() if isinstance(e.value, bool) else str(e.value)
+    if isinstance(e, Field):
+        return e.name
+    if isinstance(e, Input):
+        return f"in.{e.name}"
+    if isinstance(e, Hdr):
+        return f"hdr.{e.name}"
+    if isinstance(e, Cfg):
+        return e.name
+    if isinstance(e, Param):
+        return f"?{e.name}"
+    if isinstance(e, Let):
+        return f"${e.name}"
+    assert isinstance(e, Op)
+    if e.op in _INFIX:
+        return f"({render(e.args[0])} {e.op} {render(e.args[1])})"
+    if e.op == "not":
+        return f"!{render(e.args[0])}"
+    if e.op == "ite":
+        return f"({render(e.args[0])} ? {render(e.args[1])} : {render(e.args[2])})"
+    return f"{e.op}({', '.join(render(a) for a in e.args)})"
+
+
+def leaves(e: Expr) -> set[Expr]:
+    """Every leaf node of `e` (not expanding `Let`)."""
+    if isinstance(e, Op):
+        out: set[Expr] = set()
+        for a in e.args:
+            out |= leaves(a)
+        return out
+    return {e}
+
+
+def typecheck(e: Expr, kinds: Mapping[Expr, str], lets: Mapping[str, Expr] | None = None) -> str:
+    """Return "int" or "bool" for `e`, given the kind of each leaf; raise TypeError if ill typed.
+
+    `kinds` maps leaf nodes (e.g. ``Field("x")``) to "int" or "bool"; constants
+    are typed by their Python type.
+    """
+    if isinstance(e, Const):
+        return "bool" if isinstance(e.value, bool) else "int"
+    if isinstance(e, Let):
+        if lets is None or e.name not in lets:
+            raise TypeError(f"Let({e.name!r}) is not defined")
+        return typecheck(lets[e.name], kinds, lets)
+    if not isinstance(e, Op):
+        if e not in kinds:
+            raise TypeError(f"{e!r} has no declared kind")
+        return kinds[e]
+    _, result, argkind = OPS[e.op]
+    got = [typecheck(a, kinds, lets) for a in e.args]
+    if e.op == "ite":
+        if got[0] != "bool" or got[1] != got[2]:
+            raise TypeError(f"ill-typed ite {render(e)}: {got}")
+        return got[1]
+    if argkind == "any":
+        if got[0] != got[1]:
+            raise TypeError(f"ill-typed {render(e)}: {got}")
+    elif any(g != argkind for g in got):
+        raise TypeError(f"ill-typed {render(e)}: wants {argkind}, got {got}")
+    return result
+
+
+def to_z3(e: Expr, leaf: Callable[[Expr], object], lets: Mapping[str, Expr] | None = None):
+    """The z3 term of `e`; `leaf` maps each non-constant leaf to a z3 term.
+
+    z3 is imported here, not at module import.
+    """
+    import z3
+
+    if isinstance(e, Const):
+        return z3.BoolVal(e.value) if isinstance(e.value, bool) else z3.IntVal(e.value)
+    if isinstance(e, Let):
+        if lets is None or e.name not in lets:
+            raise KeyError(f"Let({e.name!r}) is not defined")
+        return to_z3(lets[e.name], leaf, lets)
+    if not isinstance(e, Op):
+        return leaf(e)
+    a = [to_z3(x, leaf, lets) for x in e.args]
+    op = e.op
+    if op == "+": return a[0] + a[1]
+    if op == "-": return a[0] - a[1]
+    if op == "min": return z3.If(a[0] <= a[1], a[0], a[1])
+    if op == "max": return z3.If(a[0] >= a[1], a[0], a[1])
+    if op == "==": return a[0] == a[1]
+    if op == "!=": return a[0] != a[1]
+    if op == "<=": return a[0] <= a[1]
+    if op == "<": return a[0] < a[1]
+    if op == ">=": return a[0] >= a[1]
+    if op == ">": return a[0] > a[1]
+    if op == "and": return z3.And(a[0], a[1])
+    if op == "or": return z3.Or(a[0], a[1])
+    if op == "not": return z3.Not(a[0])
+    if op == "ite": return z3.If(a[0], a[1], a[2])
+    raise AssertionError(op)

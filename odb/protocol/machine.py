@@ -1,0 +1,169 @@
+"""Concrete semantics of the table for one rank: which row fires, and its effect.
+
+This is the only interpreter of rows.  The runtime calls `step` once per
+``step()``; the explicit-state model checker calls `successors` (every enabled
+row and every allowed choice); the trace checker replays logged steps through
+`fire`.  None of them re-implements a guard, an update or the decision.
+
+A rank's local state is a plain ``dict`` field -> int/bool.  ``ph`` is set
+from the row's ``phase_to`` (rows never list it among their updates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+from ..errors import ProtocolError
+from .expr import Expr, Param, Scope, evaluate
+from .table import Aggregate, Choice, Row, Table
+
+__all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",
+           "step", "successors", "aggregate", "collective_inputs"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The result of firing one row."""
+
+    row: str
+    before: dict
+    after: dict
+    params: dict
+    inputs: dict          # the inputs the row actually read
+    effect: str           # the row's effect kind
+    payload: dict | None  # header posted ("post" rows)
+    count: int | None     # samples handed out ("emit" rows)
+
+
+def initial_local(table: Table, cfg: Mapping[str, int]) -> dict:
+    return {f.name: evaluate(f.init, Scope(cfg=cfg)) for f in table.fields}
+
+
+def candidate_rows(table: Table, local: Mapping) -> list[Row]:
+    return [r for r in table.rows if r.phase_from == local["ph"]]
+
+
+class _Recording(Mapping):
+    """Inputs looked up lazily: an input is requested from the environment only
+    when a guard's evaluation reaches it (``and`` short-circuits left to right)."""
+
+    def __init__(self, source: Mapping | Callable[[str], int]):
+        self._source = source
+        self.read: dict = {}
+
+    def __getitem__(self, k: str):
+        if k not in self.read:
+            self.read[k] = self._source(k) if callable(self._source) else self._source[k]
+        return self.read[k]
+
+    def __contains__(self, k: object) -> bool:
+        return True if callable(self._source) else k in self._source
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.read)
+
+    def __len__(self) -> int:
+        return len(self.read)
+
+
+def _scope(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping, params: Mapping | None = None) -> Scope:
+    return Scope(fields=local, inputs=inputs, cfg=cfg, params=params or {}, lets=table.let_map)
+
+
+def enabled_rows(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> list[Row]:
+    """Rows of the rank's phase whose guard holds."""
+    return [r for r in candidate_rows(table, local) if evaluate(r.guard, _scope(table, local, inputs, cfg))]
+
+
+def choice_bounds(table: Table, row: Row, choice: Choice, local: Mapping, inputs: Mapping,
+                  cfg: Mapping, params: Mapping) -> tuple[int, int]:
+    s = _scope(table, local, inputs, cfg, params)
+    return int(evaluate(choice.lo, s)), int(evaluate(choice.hi, s))
+
+
+def fire(table: Table, row: Row, local: Mapping, inputs: Mapping, cfg: Mapping, params: Mapping) -> Step:
+    """Apply `row` (whose guard must hold) with the given choice values.
+
+    Raises ProtocolError if the guard is false or a choice is out of its bounds.
+    Updates are simultaneous (every right-hand side reads the old state).
+    """
+    rec = inputs if isinstance(inputs, _Recording) else _Recording(inputs)
+    s = _scope(table, local, rec, cfg, params)
+    if local["ph"] != row.phase_from or not evaluate(row.guard, s):
+        raise ProtocolError(f"row {row.name} is not enabled in state {dict(local)}")
+    for c in row.choices:
+        lo, hi = choice_bounds(table, row, c, local, rec, cfg, params)
+        v = params.get(c.name)
+        if v is None or not lo <= v <= hi:
+            raise ProtocolError(
+                f"row {row.name}: choice {c.name}={v} outside its contract [{lo}, {hi}] in state {dict(local)}")
+    after = dict(local)
+    for tgt, e in row.updates:
+        after[tgt] = evaluate(e, s)
+    after["ph"] = row.phase_to
+    eff = row.effect
+    payload = {n: evaluate(e, s) for n, e in eff.payload} if eff.kind == "post" else None
+    if payload is not None:
+        payload["shape"] = evaluate(eff.shape, s)
+    count = evaluate(eff.count, s) if eff.kind == "emit" else None
+    return Step(row.name, dict(local), after, dict(params), dict(rec.read), eff.kind, payload, count)
+
+
+def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], cfg: Mapping,
+         choose: Callable[[Row, Choice, int, int, dict], int]) -> Step:
+    """Fire the one enabled row of this rank (the runtime's ``step()``).
+
+    `inputs` may be a callable: an input is then requested only when a guard
+    needs it.  `choose(row, choice, lo, hi, params_so_far)` supplies each
+    choice.  Raises ProtocolError unless exactly one row is enabled.
+    """
+    rec = _Recording(inputs)
+    rows = enabled_rows(table, local, rec, cfg)
+    if len(rows) != 1:
+        raise ProtocolError(
+            f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {rec.read}; "
+            "the table must enable exactly one row per step")
+    row = rows[0]
+    params: dict = {}
+    for c in row.choices:
+        lo, hi = choice_bounds(table, row, c, local, rec, cfg, params)
+        params[c.name] = int(choose(row, c, lo, hi, dict(params)))
+    return fire(table, row, local, rec, cfg, params)
+
+
+def successors(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> Iterator[Step]:
+    """Every (row, choice values) firing enabled in `local` under `inputs` (for the model checker)."""
+    for row in enabled_rows(table, local, inputs, cfg):
+        yield from _expand(table, row, local, inputs, cfg, list(row.choices), {})
+
+
+def _expand(table, row, local, inputs, cfg, todo, params) -> Iterator[Step]:
+    if not todo:
+        yield fire(table, row, local, inputs, cfg, params)
+        return
+    c, rest = todo[0], todo[1:]
+    lo, hi = choice_bounds(table, row, c, local, inputs, cfg, params)
+    for v in range(lo, hi + 1):
+        yield from _expand(table, row, local, inputs, cfg, rest, {**params, c.name: v})
+
+
+def aggregate(agg: Aggregate, headers: list[Mapping], cfg: Mapping) -> int:
+    vals = [evaluate(agg.of, Scope(hdr=h, cfg=cfg)) for h in headers]
+    return max(vals) if agg.op == "max" else min(vals)
+
+
+def collective_inputs(table: Table, headers: list[Mapping], proposal: int, cfg: Mapping) -> dict:
+    """The collective inputs every rank reads at its ``collect`` row.
+
+    `headers` are all ranks' posted headers, in rank order; `proposal` is the
+    alignment policy's output for these headers.  Raises ProtocolError if the
+    posted shapes differ (a collective mismatch).
+    """
+    shapes = {h.get("shape") for h in headers}
+    if len(shapes) > 1:
+        raise ProtocolError(f"collective mismatch: posted header shapes differ across ranks: {sorted(shapes)}")
+    out = {a.name: aggregate(a, headers, cfg) for a in table.aggregates}
+    out["proposal"] = int(proposal)
+    out["ready"] = True
+    return out

@@ -1,0 +1,57 @@
+"""The table is well formed, hashes stably, and its interpreter enforces its contracts."""
+
+import pytest
+
+from odb.errors import ProtocolError
+from odb.protocol import DGAP, FILL, WAIT, fire, initial_local, step
+from odb.protocol.expr import Field, eq
+
+
+CFG = {"W": 2, "mode": 0, "header_len": 1}
+
+
+def test_table_validates_and_hash_is_stable():
+    DGAP.validate()
+    assert DGAP.hash == DGAP.hash
+    assert len(DGAP.hash) == 64
+
+
+def test_hash_changes_when_a_guard_changes():
+    mutated = DGAP.replace_row("post_header", guard=eq(Field("buf"), 0))
+    assert mutated.hash != DGAP.hash
+
+
+def test_validate_rejects_a_shape_that_depends_on_local_state():
+    bad = DGAP.replace_row("post_header", effect=DGAP.row("post_header").effect.__class__(
+        "post", payload=(("n", Field("buf")),), shape=Field("buf")))
+    with pytest.raises(ValueError, match="shape"):
+        bad.validate()
+
+
+def test_data_source_is_asked_only_when_a_guard_needs_it():
+    local = initial_local(DGAP, CFG)
+    asked = []
+
+    def inputs(name):
+        asked.append(name)
+        return True
+
+    s = step(DGAP, local, inputs, CFG, lambda *a: 0)
+    assert s.row == "take_sample" and asked == ["src_has"]
+    full = dict(local, buf=2)
+    asked.clear()
+    s = step(DGAP, full, inputs, CFG, lambda *a: 0)
+    assert s.row == "post_header" and asked == [] and s.after["ph"] == WAIT
+
+
+def test_choice_outside_its_contract_is_rejected():
+    local = dict(initial_local(DGAP, CFG), ph=WAIT, buf=2)
+    inputs = {"ready": True, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1}
+    with pytest.raises(ProtocolError, match="use"):
+        fire(DGAP, DGAP.row("return_go"), local, inputs, CFG, {"use": 0})
+    s = fire(DGAP, DGAP.row("return_go"), local, inputs, CFG, {"use": 2})
+    assert s.after["T"] == 1 and s.after["nreal"] == 1 and s.after["pend"] == 2
+
+
+def test_initial_state_is_fill():
+    assert initial_local(DGAP, CFG)["ph"] == FILL
