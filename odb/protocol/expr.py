@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Union
 __all__ = [
     "Expr", "Const", "Field", "Input", "Hdr", "Cfg", "Param", "Let", "Op", "OPS",
     "add", "sub", "mn", "mx", "eq", "ne", "le", "lt", "ge", "gt", "and_", "or_", "not_",
-    "ite", "lift", "evaluate", "render", "leaves", "typecheck", "to_z3", "Scope",
+    "ite", "implies", "lift", "evaluate", "render", "leaves", "typecheck", "to_z3", "Scope",
 ]
 
 
@@ -131,6 +131,10 @@ def lift(x: ExprLike) -> Expr:
     raise TypeError(f"cannot use {type(x).__name__} {x!r} in a table expression")
 
 
+def implies(a: ExprLike, b: ExprLike) -> Op:
+    return or_(not_(a), b)  # type: ignore[return-value]
+
+
 def _op(op: str, *args: ExprLike) -> Op:
     return Op(op, tuple(lift(a) for a in args))
 
@@ -185,6 +189,8 @@ class Scope:
     cfg: Mapping[str, int] = None  # type: ignore[assignment]
     params: Mapping[str, int] = None  # type: ignore[assignment]
     lets: Mapping[str, Expr] = None  # type: ignore[assignment]
+    resolve: Callable[[Expr, "Scope"], int] | None = None
+    """Evaluates node kinds this module does not know (e.g. the quantifiers of ``models.logic``)."""
 
 
 def _lookup(table: Mapping[str, int] | None, kind: str, name: str) -> int:
@@ -211,7 +217,10 @@ def evaluate(e: Expr, s: Scope) -> int:
         if s.lets is None or e.name not in s.lets:
             raise KeyError(f"Let({e.name!r}) is not defined")
         return evaluate(s.lets[e.name], s)
-    assert isinstance(e, Op), e
+    if not isinstance(e, Op):
+        if s.resolve is None:
+            raise KeyError(f"no resolver for node {e!r}")
+        return s.resolve(e, s)
     op, args = e.op, e.args
     if op == "ite":
         return evaluate(args[1], s) if evaluate(args[0], s) else evaluate(args[2], s)

@@ -301,7 +301,7 @@ W = Cfg("W")
 MODE = Cfg("mode")
 ph, rd, buf, x = Field("ph"), Field("rd"), Field("buf"), Field("x")
 T, nreal, nfill, pend = Field("T"), Field("nreal"), Field("nfill"), Field("pend")
-em, nb = Field("em"), Field("nb")
+em, nb, k = Field("em"), Field("nb"), Field("k")
 
 _FIELDS = (
     FieldSpec("ph", "int", Const(FILL), "phase: FILL, WAIT, EMIT or DONE"),
@@ -314,6 +314,7 @@ _FIELDS = (
     FieldSpec("pend", "int", Const(0), "samples still to emit this round (the rest of buf is carry)"),
     FieldSpec("em", "int", Const(0), "ghost: samples emitted so far", ghost=True),
     FieldSpec("nb", "int", Const(0), "ghost: batches emitted so far, fillers included", ghost=True),
+    FieldSpec("k", "int", Const(0), "ghost: batches emitted in this round, fillers included", ghost=True),
 )
 
 _INPUTS = (
@@ -358,17 +359,17 @@ _ROWS = (
     Row("return_go", WAIT, and_(Input("ready"), not_(Let("stop"))), Effect("collect"),
         (("rd", rd + 1), ("T", Let("target")), ("nreal", _real),
          ("nfill", ite(eq(MODE, PAD), Let("target") - _real, Const(0))),
-         ("pend", Param("use"))), EMIT,
+         ("pend", Param("use")), ("k", Const(0))), EMIT,
         "the common target T; this rank will emit `real` groups holding `use` samples, plus fillers in PAD",
         choices=(Choice("use", _real, buf, "samples the grouping emits this round; buf - use is carried"),)),
     Row("emit_group", EMIT, gt(nreal, 0), Effect("emit", count=Param("take")),
         (("buf", buf - Param("take")), ("pend", pend - Param("take")), ("nreal", nreal - 1),
-         ("em", em + Param("take")), ("nb", nb + 1)), EMIT,
+         ("em", em + Param("take")), ("nb", nb + 1), ("k", k + 1)), EMIT,
         "hand one real batch of `take` samples to the trainer",
         choices=(Choice("take", ite(eq(nreal, 1), pend, Const(1)), ite(eq(nreal, 1), pend, pend - nreal + 1),
                         "samples in this batch: every batch non-empty, the last takes the rest"),)),
     Row("emit_filler", EMIT, and_(eq(nreal, 0), gt(nfill, 0)), Effect("filler"),
-        (("nfill", nfill - 1), ("nb", nb + 1)), EMIT,
+        (("nfill", nfill - 1), ("nb", nb + 1), ("k", k + 1)), EMIT,
         "hand one zero-weight filler batch to the trainer (PAD only)"),
     Row("end_round", EMIT, and_(eq(nreal, 0), eq(nfill, 0)), Effect("none"),
         (("T", Const(0)),), FILL,

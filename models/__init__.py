@@ -1,0 +1,1 @@
+"""Formal models: the DGAP table composed with its environment, the named properties, the scopes. No torch."""
