@@ -1,5 +1,27 @@
-"""Cost models, grouping and cross-rank alignment policies (pure; no torch, no torch.distributed)."""
+"""Cost models, grouping and cross-rank alignment policies (pure; no torch, no torch.distributed).
+
+``make_cost_model(spec, budget)`` builds a `CostModel`; ``default_policy()``
+returns the `AlignmentPolicy` the runtime uses unless told otherwise.  The
+torch collate helpers (`pad_collate`, `packed_collate`) live in
+``odb.batching.collate`` and are imported lazily, so this package imports
+without torch.
+"""
 
 from .base import AlignmentPolicy, CostModel, Sizes, check_partition
+from .cost import BudgetCost, CallableCost, Resource, make_cost_model
+from .grouping import Group, pack
+from .policy import BalancedPolicy, default_policy
 
-__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition"]
+__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "make_cost_model", "default_policy",
+           "BalancedPolicy", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
+           "pad_collate", "packed_collate"]
+
+_COLLATE = {"pad_collate", "packed_collate"}
+
+
+def __getattr__(name: str):
+    if name in _COLLATE:
+        from . import collate
+
+        return getattr(collate, name)
+    raise AttributeError(f"module 'odb.batching' has no attribute {name!r}")

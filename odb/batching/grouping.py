@@ -1,0 +1,135 @@
+"""Local grouping: split one rank's window into budget-fitting groups (pure; no torch).
+
+Legend
+    window  a rank's samples this round, as sizes tuples; a *position* indexes it
+    group   positions forming one batch; *closed* when no remaining window
+            sample fits into it any more, *open* otherwise (only the last group
+            can be open)
+
+`pack` orders the window by single-sample cost, longest first (ties by
+position, so the result is a pure function of the window), then fills one
+group at a time:
+
+1. take samples from the long end while they fit;
+2. when the next long sample does not fit, top the group up from the short
+   end while those fit (for a padded cost this adds nothing: the group's
+   longest sample fixes its per-sample cost, so the group stays a run of
+   consecutive lengths, i.e. length-homogeneous; for packed and quadratic
+   costs, which have no padding, it fills the gap the long samples leave);
+3. close the group.
+
+A sample over budget on its own is a closed group of one.  The cost is O(W)
+model evaluations for the built-in kinds (O(W * group size) for a callable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .base import CostModel, Sizes
+from .cost import BudgetCost
+
+__all__ = ["Group", "pack", "order_longest_first"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group of window positions; `fill` is its cost / budget (largest over resources)."""
+
+    positions: tuple[int, ...]
+    closed: bool
+    fill: float
+
+
+def _weights(window: Sequence[Sizes], cost: CostModel) -> list[float]:
+    if isinstance(cost, BudgetCost):
+        res = cost.resources
+        if len(res) == 1:
+            r = res[0]
+            return [r.item(s) for s in window] if r.kind == "quadratic" else [
+                (s[r.index] if r.index < len(s) else 0) for s in window]
+        return [max(r.cost([s]) / r.budget for r in res) for s in window]
+    return [cost.utilisation([s]) for s in window]
+
+
+def order_longest_first(window: Sequence[Sizes], cost: CostModel) -> list[int]:
+    """Window positions by single-sample cost, largest first, ties by position."""
+    w = _weights(window, cost)
+    return sorted(range(len(window)), key=lambda p: (-w[p], p))
+
+
+def pack(window: Sequence[Sizes], cost: CostModel) -> list[Group]:
+    """Greedy groups of `window` (see the module docstring); every group fits
+    unless it is one over-budget sample; closed groups first, in longest-first order."""
+    if not window:
+        return []
+    order = order_longest_first(window, cost)
+    if isinstance(cost, BudgetCost) and len(cost.resources) == 1:
+        r = cost.resources[0]
+        vals = _weights(window, cost)
+        if r.kind == "padded":
+            return _pack_padded(order, vals, r.budget)
+        return _pack_additive(order, vals, r.budget)
+    return _pack_generic(order, window, cost)
+
+
+def _pack_padded(order: list[int], vals: list[float], B: float) -> list[Group]:
+    out: list[Group] = []
+    i, n = 0, len(order)
+    while i < n:
+        top = vals[order[i]]
+        cap = int(B // top) if top > 0 else n
+        cap = max(cap, 1)
+        g = tuple(order[i:i + cap])
+        i += len(g)
+        closed = i < n or len(g) == cap
+        out.append(Group(g, closed, len(g) * top / B))
+    return out
+
+
+def _pack_additive(order: list[int], vals: list[float], B: float) -> list[Group]:
+    out: list[Group] = []
+    i, j = 0, len(order) - 1
+    while i <= j:
+        first = order[i]
+        g = [first]
+        tot = vals[first]
+        i += 1
+        closed = tot > B
+        while not closed and i <= j:
+            v = vals[order[i]]
+            if tot + v <= B:
+                g.append(order[i])
+                tot += v
+                i += 1
+                continue
+            while i <= j and tot + vals[order[j]] <= B:
+                g.append(order[j])
+                tot += vals[order[j]]
+                j -= 1
+            closed = i <= j
+            break
+        out.append(Group(tuple(g), closed, tot / B))
+    return out
+
+
+def _pack_generic(order: list[int], window: Sequence[Sizes], cost: CostModel) -> list[Group]:
+    out: list[Group] = []
+    i, j = 0, len(order) - 1
+    while i <= j:
+        g = [order[i]]
+        i += 1
+        closed = not cost.fits([window[p] for p in g])
+        while not closed and i <= j:
+            if cost.fits([window[p] for p in g] + [window[order[i]]]):
+                g.append(order[i])
+                i += 1
+                continue
+            while i <= j and cost.fits([window[p] for p in g] + [window[order[j]]]):
+                g.append(order[j])
+                j -= 1
+            closed = i <= j
+            break
+        out.append(Group(tuple(g), closed, cost.utilisation([window[p] for p in g])))
+    return out

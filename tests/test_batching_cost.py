@@ -1,0 +1,72 @@
+"""Cost models: the kinds compute what their docstrings say, are monotone, and reject bad specs."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from odb.batching import CostModel, make_cost_model
+from odb.batching.cost import QUADRATIC_B
+from odb.errors import ConfigError
+
+sizes = st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 3000)), min_size=1, max_size=20)
+
+
+def test_each_kind_costs_what_its_docstring_says():
+    batch = [(100,), (300,), (200,)]
+    assert make_cost_model("padded", 1000).batch_cost(batch) == (900,)
+    assert make_cost_model("packed", 1000).batch_cost(batch) == (600,)
+    q = make_cost_model("quadratic", 1000).batch_cost(batch)[0]
+    assert q == pytest.approx(600 + QUADRATIC_B * (100**2 + 300**2 + 200**2))
+
+
+def test_fits_and_utilisation_follow_the_budget():
+    c = make_cost_model("padded", 600)
+    assert c.fits([(200,), (300,)]) and not c.fits([(200,), (301,)])
+    assert c.utilisation([(150,), (300,)]) == pytest.approx(1.0)
+
+
+def test_a_multi_resource_budget_limits_every_resource():
+    c = make_cost_model({"tokens": 1000, "image_patches": 100})
+    assert isinstance(c, CostModel)
+    assert c.fits([(500, 50), (400, 50)])
+    assert not c.fits([(500, 60), (400, 50)])  # patches over, tokens fine
+    assert not c.fits([(700, 10), (400, 10)])  # tokens over, patches fine
+    mixed = make_cost_model({"tokens": ("padded", 1000), "image_patches": 100})
+    assert mixed.batch_cost([(100, 5), (300, 7)]) == (600, 12)
+    assert make_cost_model("padded", {"tokens": 10, "image_patches": 4}).batch_cost([(1, 3), (2, 1)]) == (4, 6)
+
+
+def test_a_callable_cost_uses_one_budget_per_value():
+    c = make_cost_model(lambda b: (len(b), sum(s[0] for s in b)), (3, 100))
+    assert c.fits([(10,), (20,)]) and not c.fits([(10,)] * 4)
+    bad = make_cost_model(lambda b: (1.0, 2.0), 5)
+    with pytest.raises(ConfigError, match="2 values for 1 budgets"):
+        bad.fits([(1,)])
+
+
+@pytest.mark.parametrize("spec,budget,match", [
+    ("paddd", 10, "unknown cost kind"),
+    ("padded", None, "needs a budget"),
+    ("packed", 0, "positive finite"),
+    ("packed", float("nan"), "positive finite"),
+    ({"image_patches": 5, "tokens": 10}, None, "'tokens' first"),
+    ({"tokens": 10}, 5, "only the mapping"),
+    (42, None, "not understood"),
+])
+def test_bad_specs_are_rejected_with_the_fix(spec, budget, match):
+    with pytest.raises(ConfigError, match=match):
+        make_cost_model(spec, budget)
+
+
+@pytest.mark.parametrize("spec", ["padded", "packed", "quadratic",
+                                  {"tokens": ("padded", 8000), "image_patches": 4000},
+                                  {"tokens": ("quadratic", 8000), "image_patches": ("padded", 4000)}])
+@settings(max_examples=60, deadline=None)
+@given(batch=sizes, drop=st.data())
+def test_a_sub_batch_never_costs_more(spec, batch, drop):
+    c = make_cost_model(spec, None if isinstance(spec, dict) else 8000)
+    keep = drop.draw(st.lists(st.booleans(), min_size=len(batch), max_size=len(batch)))
+    sub = [s for s, k in zip(batch, keep) if k]
+    full, part = c.batch_cost(batch), c.batch_cost(sub)
+    assert all(p <= f + 1e-9 for p, f in zip(part, full))
+    if c.fits(batch):
+        assert c.fits(sub)
