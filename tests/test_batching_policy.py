@@ -81,5 +81,5 @@ def test_full_groups_fill_the_packed_budget():
     s = pol.summarize(w, cost, False)
     groups = pol.partition(w, s[3], s[3], cost)
     fills = [cost.utilisation([w[p] for p in g]) for g in groups]
-    assert min(fills) > 0.9 and sum(fills) / len(fills) > 0.99
+    assert min(fills) > 0.9 and sum(fills) / len(fills) > 0.98
     assert fills == sorted(fills, reverse=True)  # emitted in decreasing cost
