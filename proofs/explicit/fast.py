@@ -1,0 +1,142 @@
+"""A fast, semantics-preserving successor function for `models.env.Model`.
+
+Legend
+    N      ranks; a system state is ``(ids, k, mb)``
+    ids    the sorted tuple of per-rank *ids*: each distinct rank tuple of
+           `models.env.SysState.ranks` (table fields + per-rank environment
+           fields) is interned once and named by a small int
+    k, mb  the environment's collective counter and last collective result
+
+Why it is fast and why it is still the same model:
+
+* Ranks are independent between collectives: a rank's local successors depend
+  only on its own rank tuple and on ``(k, mb)``.  They are computed once per
+  ``(id, k, mb)`` by `models.env.Model.local_successors` on a one-rank state
+  (so the table is interpreted by ``odb.protocol.machine`` only) and memoised.
+* The environment's ``complete`` is delegated to `Model.env_successors` on the
+  full state, after a cheap necessary test (every rank has posted and waits).
+* Sorting the ids is rank symmetry (the same quotient as `SysState.canon`,
+  with a different but fixed order of rank tuples).  Identical ranks give
+  identical successors, so only one rank of each identical group is expanded.
+
+`tests/test_explicit.py` checks that `FastModel.successors` equals
+``{canon(t) for t in Model.successors(s)}`` on every reachable state at small N.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from models.env import Model, SysState
+from odb.protocol import machine
+from odb.protocol.table import DONE, WAIT
+
+__all__ = ["FastModel", "FastState"]
+
+FastState = tuple  # (ids: tuple[int, ...], k: int, mb: tuple)
+
+
+class FastModel:
+    """Interned, memoised view of one `Model` (one table, one cfg).
+
+    Contract: `successors(s)` yields ``(actor_id, row, params, t)`` for every
+    transition of the canonical state `s` up to rank symmetry (one per
+    distinct rank tuple and firing; ``actor_id`` is None for ``complete``);
+    `to_sys` / `from_sys` convert exactly.
+    """
+
+    def __init__(self, model: Model):
+        self.model = model
+        self._fields = model.table.field_names
+        self._ip = len(self._fields)
+        self._i_ph = self._fields.index("ph")
+        self._i_rd = self._fields.index("rd")
+        self._i_posted = self._ip + 2
+        self.rank_of: list[tuple] = []
+        self._id_of: dict[tuple, int] = {}
+        self._waiting: list[bool] = []   # ph == WAIT and posted: ``complete`` may be enabled
+        self._done: list[bool] = []
+        self._local: dict[tuple, list] = {}
+        self._mb: dict[tuple, tuple] = {}
+        self._enabled: dict[tuple, tuple] = {}
+        self._cfg_items = tuple(sorted(model.cfg.items()))
+        self.local_calls = 0
+
+    # -- interning -------------------------------------------------------------
+    def intern(self, rank: tuple) -> int:
+        i = self._id_of.get(rank)
+        if i is None:
+            i = len(self.rank_of)
+            self._id_of[rank] = i
+            self.rank_of.append(rank)
+            self._waiting.append(rank[self._i_ph] == WAIT and rank[self._i_posted] == 1)
+            self._done.append(rank[self._i_ph] == DONE)
+        return i
+
+    def _mbi(self, mb: tuple) -> tuple:
+        return self._mb.setdefault(mb, mb)
+
+    def from_sys(self, s: SysState) -> FastState:
+        return (tuple(sorted(self.intern(r) for r in s.ranks)), s.k, self._mbi(s.mb))
+
+    def to_sys(self, s: FastState) -> SysState:
+        ids, k, mb = s
+        return SysState(self._fields, tuple(self.rank_of[i] for i in ids), k, mb, self._cfg_items)
+
+    def canon_sys(self, s: SysState) -> SysState:
+        """The SysState of `from_sys(s)` (ranks in interned order): comparable across both encodings."""
+        return self.to_sys(self.from_sys(s))
+
+    def initial(self, data: tuple[int, ...]) -> FastState:
+        return self.from_sys(self.model.initial(tuple(data)))
+
+    def all_done(self, s: FastState) -> bool:
+        done = self._done
+        return all(done[i] for i in s[0])
+
+    # -- transitions -------------------------------------------------------------
+    def local(self, rid: int, k: int, mb: tuple) -> list:
+        """Memoised local successors of rank `rid`: ``[(row, params, new_id)]``."""
+        key = (rid, k, mb)
+        out = self._local.get(key)
+        if out is None:
+            self.local_calls += 1
+            one = SysState(self._fields, (self.rank_of[rid],), k, mb, self._cfg_items)
+            out = [(lab.row, lab.params, self.intern(t.ranks[0]))
+                   for lab, t in self.model.local_successors(one, 0)]
+            self._local[key] = out
+        return out
+
+    def successors(self, s: FastState) -> Iterator[tuple]:
+        ids, k, mb = s
+        prev = -1
+        for j, rid in enumerate(ids):
+            if rid == prev:
+                continue  # an identical rank: the same successors up to symmetry
+            prev = rid
+            for row, params, nid in self.local(rid, k, mb):
+                lst = list(ids)
+                lst[j] = nid
+                lst.sort()
+                yield rid, row, params, (tuple(lst), k, mb)
+        waiting = self._waiting
+        if all(waiting[i] for i in ids):
+            full = self.to_sys(s)
+            for lab, t in self.model.env_successors(full):
+                yield None, lab.row, lab.params, (tuple(sorted(self.intern(r) for r in t.ranks)), t.k,
+                                                  self._mbi(t.mb))
+
+    def enabled_rows(self, rid: int, k: int, mb: tuple) -> tuple[str, ...]:
+        """Rows enabled for rank `rid` at ``(k, mb)``, by ``machine.enabled_rows`` (local determinism).
+
+        Reads the inputs through ``Model._inputs`` (the environment's one definition of
+        what a rank is handed); TODO(lead): make it public in models/env.py.
+        """
+        key = (rid, k, mb)
+        out = self._enabled.get(key)
+        if out is None:
+            one = SysState(self._fields, (self.rank_of[rid],), k, mb, self._cfg_items)
+            rows = machine.enabled_rows(self.model.table, one.local(0), self.model._inputs(one, 0),
+                                        self.model.cfg)
+            out = self._enabled[key] = tuple(r.name for r in rows)
+        return out
