@@ -1,0 +1,10 @@
+"""The torch.distributed runtime of ODB: `ODBDataLoader` executes the DGAP table on every rank.
+
+This is the only package of ``odb`` that imports ``torch.distributed``.
+"""
+
+from .collate import pad_collate
+from .info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
+from .loader import ODBDataLoader
+
+__all__ = ["ODBDataLoader", "StepInfo", "LoaderStats", "pop_step_info", "pad_collate", "STEP_INFO_KEY"]

@@ -1,0 +1,414 @@
+"""The engine: one rank's background thread that executes the DGAP table for one epoch.
+
+Legend
+    N        world size of the loader's gloo group; W the window (``buffer_size``)
+    S        the alignment policy's ``summary_len``
+    header   int64[H], H = 3 + S + 3W:
+             [status, round, n, summary(S), counts(3W)]
+             ``n`` is the table's payload; ``counts[3k + b]`` is this rank's
+             count b (tokens, label tokens, samples) of its k-th batch of the
+             PREVIOUS round (k < T <= W), 0 for fillers and absent batches
+    status   OK (0); CLOSED (1): the rank stopped iterating; FAILED (2): a
+             local error.  A non-OK header is posted outside the table, in the
+             place of the rank's next header, so every rank still runs the
+             same sequence of collectives and then stops.
+
+One runtime step is one table row: ``machine.step(DGAP, local, inputs, cfg,
+choose)``.  ``inputs`` is lazy: ``src_has`` pulls one sample from the source
+only when a guard asks; ``ready`` waits (at most ``timeout_s``) for the
+round's all-gather, then every collective input comes from
+``machine.collective_inputs`` over the gathered headers and the policy's
+proposal.  ``choose`` asks the policy for ``use`` (via ``partition``) and
+``take``.  The engine computes no target, stop or filler count itself.
+
+Exact loss scaling: the batches of round r are held until the collective of
+round r+1 (or the final stop round) returns every rank's counts for them,
+then released to the consumer with their global counts (one round of
+bounded prefetch).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+
+from ..batching.base import check_partition
+from ..errors import ProtocolError, RankFailure, SampleError
+from ..protocol import machine
+from ..protocol.expr import Let, Scope, evaluate
+from ..protocol.table import DGAP, DONE, JOIN, QUOTA
+from .info import LoaderStats, StepInfo
+from .source import Item, Source, _Failure
+from .trace import TraceWriter
+
+__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED"]
+
+OK, CLOSED, FAILED = 0, 1, 2
+_STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
+           FAILED: "failed with a local error (its own exception says which)"}
+
+
+class _Stopped(Exception):
+    """The engine was asked to stop and has told its peers."""
+
+
+class Batch:
+    """One batch on its way to the consumer: samples and their StepInfo."""
+
+    __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info")
+
+    def __init__(self, samples, positions, indices, sizes, counts, info=None):
+        self.samples, self.positions, self.indices = samples, positions, indices
+        self.sizes, self.counts, self.info = sizes, counts, info
+
+    @property
+    def filler(self) -> bool:
+        return self.indices is None
+
+
+class Engine:
+    """Runs one epoch of the table on this rank in a daemon thread.
+
+    Items on `out`: ``("batch", Batch)``, ``("end", None)`` (no more batches
+    for this rank: DONE, or in JOIN the rank has nothing left), ``("error",
+    exc)``.  `stop` asks the thread to tell its peers (a CLOSED or FAILED
+    header in place of its next one) and exit.
+    """
+
+    def __init__(self, *, group, rank: int, world_size: int, W: int, mode: int, policy, cost,
+                 source: Source, oversize: str, loss_slot: int, epoch: int, stats: LoaderStats,
+                 timeout_s: float, template: Callable[[], Any], trace: TraceWriter | None,
+                 queue_size: int):
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.W, self.mode, self.policy, self.cost = W, mode, policy, cost
+        self.S = int(policy.summary_len)
+        self.header_len = 3 + self.S + 3 * W
+        self.cfg = {"W": W, "mode": mode, "header_len": self.header_len}
+        self.source, self.oversize, self.loss_slot = source, oversize, loss_slot
+        self.epoch, self.stats, self.timeout_s = epoch, stats, timeout_s
+        self._template_fn, self.trace = template, trace
+        self.out: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.error: BaseException | None = None
+        self._stop_status = OK
+        self._stop_evt = threading.Event()
+        self._window: list[Item] = []
+        self._groups: list[int] = []
+        self._held: list[Batch] = []     # this round's batches, released after the next collective
+        self._counts: list[int] = [0] * (3 * W)
+        self._fetched: Item | None = None
+        self._coll: dict | None = None
+        self._gathered: list[list[int]] | None = None
+        self._work = None
+        self._posted = 0                 # header collectives entered
+        self._steps = 0                  # batches released (StepInfo.step)
+        self._template: Any = None
+        self._broken = False             # the group cannot be used any more
+        self.collective_time_s = 0.0     # time spent waiting on header collectives (benchmark)
+        self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{rank}", daemon=True)
+
+    # -- control ---------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, status: int) -> None:
+        """Ask the thread to stop; `status` is CLOSED or FAILED (what the peers are told)."""
+        if self._stop_status == OK:
+            self._stop_status = status
+        self._stop_evt.set()
+
+    def join(self, timeout: float | None) -> bool:
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    # -- the loop --------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except _Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - every error reaches the consumer
+            self._fail(e)
+        finally:
+            self.source.stop()
+            if self.trace is not None:
+                self.trace.close()
+
+    def _loop(self) -> None:
+        local = machine.initial_local(DGAP, self.cfg)
+        seq = 0
+        while local["ph"] != DONE:
+            self._check_stop()
+            self._fetched, self._coll, self._gathered = None, None, None
+            s = machine.step(DGAP, local, self._input, self.cfg, self._choose)
+            extra = self._apply(s)
+            if self.trace is not None:
+                self.trace.write({"seq": seq, "row": s.row, "before": s.before, "after": s.after,
+                                  "inputs": s.inputs, "params": s.params, "effect": s.effect,
+                                  "payload": s.payload, "count": s.count, "table": DGAP.hash, **extra})
+            seq += 1
+            local = s.after
+            if s.row == "return_go" and self.mode == JOIN and local["buf"] == 0 and local["x"]:
+                # Nothing held and the source is exhausted: this rank emits no more
+                # batches; its iterator ends while this thread keeps posting (JOIN).
+                self._put(("end", None))
+        self._put(("end", None))
+
+    # -- inputs and choices (called by machine.step) ---------------------------
+    def _input(self, name: str):
+        if name == "src_has":
+            self._fetched = self._fetch()
+            return self._fetched is not None
+        if self._coll is None:
+            self._collect()
+        return self._coll[name]
+
+    def _choose(self, row, choice, lo: int, hi: int, params: dict) -> int:
+        if choice.name == "use":
+            real = lo
+            if real == 0:
+                self._groups = []
+                return 0
+            target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+            sizes = [it.sizes for it in self._window]
+            groups = self.policy.partition(sizes, target, real, self.cost)
+            try:
+                check_partition(groups, len(sizes), real, sizes, self.cost)
+            except ValueError as e:
+                raise ProtocolError(f"alignment policy {type(self.policy).__name__} broke the partition "
+                                    f"contract in round {self._posted - 1} (target {target}, real {real}, "
+                                    f"window {len(sizes)}): {e}") from None
+            used = [p for g in groups for p in g]
+            rest = sorted(set(range(len(sizes))) - set(used))
+            self._window = [self._window[p] for p in used] + [self._window[p] for p in rest]
+            self._groups = [len(g) for g in groups]
+            return len(used)
+        if choice.name == "take":
+            return self._groups.pop(0)
+        raise ProtocolError(f"row {row.name} asks for unknown choice {choice.name!r}")
+
+    # -- the data source --------------------------------------------------------
+    def _fetch(self) -> Item | None:
+        """The next usable sample, or None when the source is exhausted.
+
+        Drops (None), empty samples and skipped oversize samples are counted
+        and passed over here, so the table only ever sees usable samples.
+        """
+        while True:
+            raw = self.source.next()
+            if raw is None:
+                return None
+            pos, index, sample, meas = raw
+            if isinstance(meas, _Failure):
+                what = "preprocessing (the dataset's __getitem__/__iter__)" if meas.stage == "preprocessing" \
+                    else "measuring its length (length_fn / input_ids)"
+                raise SampleError(f"rank {self.rank}: dataset index {index} failed in {what}: {meas.type}: "
+                                  f"{meas.message}\n--- worker traceback ---\n{meas.tb}")
+            if meas is None:
+                self.stats.dropped += 1
+                continue
+            sizes, labels = meas
+            if sizes[0] == 0:
+                self.stats.empty += 1
+                continue
+            if not self.cost.fits([sizes]):
+                self.stats.oversize += 1
+                if self.oversize == "error":
+                    raise SampleError(
+                        f"rank {self.rank}: dataset index {index} has sizes {sizes}, over the budget of cost "
+                        f"model {getattr(self.cost, 'name', self.cost)!r}; oversize='error' stops here. Use "
+                        "oversize='alone' (a batch of its own) or 'skip' (counted), or raise token_budget")
+                if self.oversize == "skip":
+                    self.stats.oversize_skipped += 1
+                    continue
+            item = Item(pos, index, sample, sizes, labels)
+            if self._template is None:
+                self._template = sample
+            return item
+
+    # -- effects ------------------------------------------------------------------
+    def _apply(self, s: machine.Step) -> dict:
+        if s.row == "take_sample":
+            self._window.append(self._fetched)
+        elif s.effect == "post":
+            return self._post(s)
+        elif s.effect == "collect":
+            return self._after_collect(s)
+        elif s.effect == "emit":
+            taken, self._window = self._window[:s.count], self._window[s.count:]
+            self._hold(taken)
+        elif s.effect == "filler":
+            self._hold(None)
+        if len(self._window) != s.after["buf"]:
+            raise ProtocolError(f"engine window holds {len(self._window)} samples, the table says "
+                                f"buf={s.after['buf']} after {s.row}")
+        return {}
+
+    def _hold(self, taken: list[Item] | None) -> None:
+        k = len(self._held)
+        if taken is None:
+            if self._template is None:
+                self._template = self._template_fn()
+            b = Batch([self._template], (), None, (), (0, 0, 0))
+        else:
+            sizes = tuple(it.sizes[0] for it in taken)
+            b = Batch([it.sample for it in taken], tuple(it.pos for it in taken),
+                      tuple(it.index for it in taken), sizes,
+                      (sum(sizes), sum(it.labels for it in taken), len(taken)))
+        self._held.append(b)
+        self._counts[3 * k:3 * k + 3] = b.counts
+
+    def _post(self, s: machine.Step) -> dict:
+        if s.payload["shape"] != self.header_len:
+            raise ProtocolError(f"table header shape {s.payload['shape']} != engine header {self.header_len}")
+        sizes = [it.sizes for it in self._window]
+        summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(s.after["x"]))]
+        if len(summary) != self.S:
+            raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
+        header = [OK, self._posted, int(s.payload["n"]), *summary, *self._counts]
+        self._counts = [0] * (3 * self.W)
+        self._enter(header)
+        return {"round": self._posted - 1, "summary": summary}
+
+    def _enter(self, header: list[int]) -> None:
+        """SYNC: every rank must reach this, once per round, in the same order."""
+        if self.group is None:
+            self._solo = [header]
+            self._work = None
+        else:
+            send = torch.tensor(header, dtype=torch.int64)
+            self._recv = [torch.empty_like(send) for _ in range(self.world_size)]
+            # SYNC: every rank must reach this (one fixed-shape all-gather per round)
+            self._work = torch.distributed.all_gather(self._recv, send, group=self.group, async_op=True)
+        self._posted += 1
+
+    def _wait(self) -> list[list[int]]:
+        rnd = self._posted - 1
+        if self._work is None:
+            return self._solo
+        try:
+            self._work.wait(timeout=timedelta(seconds=self.timeout_s))
+        except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
+            self._broken = True
+            raise RankFailure(
+                f"rank {self.rank}: the header collective of round {rnd} did not complete within "
+                f"timeout_s={self.timeout_s}: a peer rank died, hung, or stopped iterating without "
+                f"close(). gloo said: {type(e).__name__}: {str(e)[:300]}") from None
+        finally:
+            self._work = None
+        return [t.tolist() for t in self._recv]
+
+    def _collect(self) -> None:
+        rnd = self._posted - 1
+        t0 = time.perf_counter()
+        headers = self._wait()
+        bad = [(r, h[0]) for r, h in enumerate(headers) if h[0] != OK]
+        if bad:
+            if self._stop_evt.is_set():
+                raise _Stopped()
+            self._broken_peers(rnd, bad)
+        rounds = {h[1] for h in headers}
+        if rounds != {rnd}:
+            raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds "
+                                f"{[h[1] for h in headers]}")
+        summaries = [h[3:3 + self.S] for h in headers]
+        proposal = int(self.policy.propose(summaries, self.W))
+        lo = evaluate(DGAP.proposal.lo, Scope(cfg=self.cfg))
+        hi = evaluate(DGAP.proposal.hi, Scope(cfg=self.cfg))
+        if not lo <= proposal <= hi:
+            raise ProtocolError(f"policy proposal {proposal} outside the table's bounds [{lo}, {hi}] "
+                                f"in round {rnd}")
+        table_headers = [{"n": h[2], "shape": len(h)} for h in headers]
+        self._coll = machine.collective_inputs(DGAP, table_headers, proposal, self.cfg)
+        self._gathered = headers
+        self.collective_time_s += time.perf_counter() - t0
+
+    def _broken_peers(self, rnd: int, bad: list[tuple[int, int]]) -> None:
+        what = "; ".join(f"rank {r} {_STATUS.get(st, f'sent status {st}')}" for r, st in bad)
+        raise RankFailure(
+            f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still "
+            "iterating. Every rank must iterate the loader to the end of the epoch, or all ranks must stop at "
+            "the same step (e.g. the same max_steps).")
+
+    def _after_collect(self, s: machine.Step) -> dict:
+        headers = self._gathered
+        rnd = self._posted - 1
+        self.stats.rounds += 1
+        self._release(headers)
+        if s.row == "return_stop" and self.mode == QUOTA:
+            self._count_unemitted()
+        extra = {"round": rnd, "collective": {
+            "headers": [{"n": h[2], "shape": len(h)} for h in headers],
+            "summaries": [h[3:3 + self.S] for h in headers],
+            "status": [h[0] for h in headers], "rounds": [h[1] for h in headers]}}
+        return extra
+
+    def _release(self, headers: list[list[int]]) -> None:
+        """Hand the previous round's batches to the consumer with their global counts."""
+        held, self._held = self._held, []
+        off = 3 + self.S
+        for k, b in enumerate(held):
+            g = [sum(h[off + 3 * k + j] for h in headers) for j in range(3)]
+            loc = b.counts
+            basis_g = g[self.loss_slot]
+            scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
+            b.info = StepInfo(indices=() if b.filler else b.indices, filler=b.filler, local_samples=loc[2],
+                              global_samples=g[2], local_tokens=loc[0], global_tokens=g[0],
+                              local_label_tokens=loc[1], global_label_tokens=g[1], loss_scale=scale,
+                              step=self._steps, round=self._posted - 2, epoch=self.epoch)
+            self._steps += 1
+            self._put(("batch", b))
+
+    def _count_unemitted(self) -> None:
+        left = [it.index for it in self._window]
+        rest = self.source.remaining()
+        self.stats.unemitted += len(left) + (len(rest) if rest else 0)
+        self.stats.unemitted_indices.extend(left + (rest or []))
+
+    # -- output and shutdown --------------------------------------------------------
+    def _put(self, item) -> None:
+        while True:
+            self._check_stop()
+            try:
+                self.out.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def _check_stop(self) -> None:
+        if not self._stop_evt.is_set():
+            return
+        self._tell_peers(self._stop_status or CLOSED)
+        raise _Stopped()
+
+    def _tell_peers(self, status: int) -> None:
+        """Post a non-OK header in place of this rank's next one (bounded by timeout_s)."""
+        if self.group is None or self._broken:
+            return
+        try:
+            if self._work is not None:      # finish the round already entered
+                self._wait()
+            header = [status, self._posted, 0] + [0] * (self.header_len - 3)
+            if self.trace is not None:
+                self.trace.write({"abort": status, "round": self._posted, "table": DGAP.hash})
+            self._enter(header)
+            self._wait()
+        except (RankFailure, ProtocolError):
+            pass  # the peers are gone already; nothing more to tell them
+
+    def _fail(self, e: BaseException) -> None:
+        self.error = e
+        if self.trace is not None:
+            self.trace.write({"failure": f"{type(e).__name__}: {str(e)[:500]}"})
+        while True:  # the consumer gets the error at once, ahead of queued batches
+            try:
+                self.out.get_nowait()
+            except queue.Empty:
+                break
+        self.out.put(("error", e))
+        if not isinstance(e, RankFailure):  # a RankFailure means the peers know (or are gone)
+            self._tell_peers(FAILED)

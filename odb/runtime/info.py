@@ -1,0 +1,100 @@
+"""What the loader tells the trainer about each batch, and its running counters.
+
+`StepInfo` rides inside every batch under ``STEP_INFO_KEY`` until
+`pop_step_info` removes it; `LoaderStats` is the loader's ``stats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, MutableMapping
+
+from ..errors import SampleError
+
+__all__ = ["StepInfo", "LoaderStats", "pop_step_info", "STEP_INFO_KEY", "LOSS_BASES"]
+
+STEP_INFO_KEY = "odb_step_info"
+
+# loss_basis -> slot of the per-batch count triple (tokens, label tokens, samples)
+LOSS_BASES = {"tokens": 0, "label_tokens": 1, "samples": 2}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Metadata of one batch (one optimizer micro-step on this rank).
+
+    :param indices: dataset indices of the samples in the batch (for an
+        IterableDataset: the sample's position in this rank's stream); empty
+        for a filler.
+    :param filler: True for a zero-weight PAD filler (built from a real sample;
+        its loss must be multiplied by ``loss_scale == 0``).
+    :param local_samples / global_samples: real samples in this batch / in
+        this step's batches of every rank.
+    :param local_tokens / global_tokens: tokens (resource 0 of the sizes).
+    :param local_label_tokens / global_label_tokens: label positions that are
+        not -100 (``labels`` as given, not shifted).
+    :param loss_scale: ``world_size * local_basis / global_basis`` for the
+        loader's ``loss_basis``; 0 for a filler and when ``global_basis == 0``.
+        Multiply the rank's mean loss by it: DDP's gradient mean over
+        ``world_size`` ranks then equals the global mean over ``loss_basis``.
+        With DDP ``Join`` the joined ranks contribute zero gradients and DDP
+        still divides by ``world_size``, so the same scale stays exact.
+    :param step: index of this batch in the epoch on this rank (fillers included).
+    :param round: the protocol round that formed it.
+    :param epoch: the loader epoch.
+    """
+
+    indices: tuple
+    filler: bool
+    local_samples: int
+    global_samples: int
+    local_tokens: int
+    global_tokens: int
+    local_label_tokens: int
+    global_label_tokens: int
+    loss_scale: float
+    step: int
+    round: int
+    epoch: int
+
+
+def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
+    """Remove and return the `StepInfo` that the loader put in `batch`.
+
+    Raises `SampleError` if `batch` carries none (it did not come from an
+    `ODBDataLoader`, or the info was popped already).
+    """
+    try:
+        return batch.pop(STEP_INFO_KEY)
+    except (KeyError, AttributeError, TypeError):
+        raise SampleError(
+            f"batch has no {STEP_INFO_KEY!r} entry (type {type(batch).__name__}); pop_step_info takes a "
+            "batch yielded by odb.ODBDataLoader, once") from None
+
+
+@dataclass
+class LoaderStats:
+    """Counters of one loader since construction (or since `load_state_dict`).
+
+    Nothing is dropped silently: every sample the data source produced is
+    either emitted or counted in ``dropped`` / ``empty`` / ``oversize_skipped``
+    / ``unemitted``.
+    """
+
+    steps: int = 0              # batches handed to the user, fillers included
+    fillers: int = 0            # PAD filler batches
+    samples: int = 0            # real samples handed to the user
+    real_tokens: int = 0        # sum of the samples' token lengths
+    padded_tokens: int = 0      # sum over batches of len(batch) * longest sample
+    dropped: int = 0            # preprocessing returned None
+    empty: int = 0              # length 0 (skipped, counted)
+    oversize: int = 0           # over the budget (emitted alone with oversize="alone")
+    oversize_skipped: int = 0   # over the budget and skipped (oversize="skip")
+    unemitted: int = 0          # QUOTA: samples left when the epoch stopped
+    unemitted_indices: list = field(default_factory=list)
+    rounds: int = 0             # header collectives completed
+    wait_time_s: float = 0.0    # time the consumer waited on the loader
+    epochs: int = 0             # epochs run to completion
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,478 @@
+"""`ODBDataLoader`: token-budget batches formed after preprocessing, aligned across DDP ranks.
+
+Pipeline on each rank (one box per thread or process):
+
+    inner DataLoader workers      preprocessing (dataset) + length measurement
+        -> engine thread          the DGAP table, one row per step; one gloo
+                                  all-gather of a fixed header per round
+        -> bounded queue          batches of round r, released after round r+1
+        -> consumer (the caller)  collate_fn, StepInfo attached, resume bookkeeping
+
+Collectives: every rank must construct its loaders in the same order (each
+constructor creates a gloo group with ``dist.new_group``, a collective over the
+default group), and every rank must iterate every epoch, or all ranks must stop
+at the same step.  A rank that stops early mid-epoch is not hidden: the others
+raise `odb.RankFailure` naming the round as soon as its engine tells them, or
+within ``timeout_s`` if it died.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+import warnings
+from collections.abc import Mapping, MutableMapping
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import IterableDataset
+
+from ..errors import ConfigError, ProtocolError, SampleError
+from ..protocol.table import DGAP, MODES
+from .collate import pad_collate
+from .engine import CLOSED, FAILED, Batch, Engine
+from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
+from .source import Source, shard_order
+from .trace import TraceWriter, trace_path
+
+__all__ = ["ODBDataLoader"]
+
+STATE_VERSION = 1
+_OVERSIZE = ("alone", "skip", "error")
+_LOADER_IDS = itertools.count()
+
+
+def _first_usable(dataset, order: list, limit: int = 16):
+    """A filler template for a rank whose shard is empty (map-style): the first of up to
+    `limit` indices (its own order, else 0, 1, ...) whose preprocessing returns a sample."""
+    candidates = (order or list(range(min(len(dataset), limit))))[:limit]
+    for idx in candidates:
+        sample = dataset[idx]
+        if sample is not None:
+            return sample
+    raise SampleError(f"no sample to build a PAD filler batch from: dataset indices {candidates} all "
+                      "returned None; pass filler_sample=... or use mode='join'")
+
+
+def _no_template(rank: int):
+    raise SampleError(f"rank {rank} has no sample to build a PAD filler batch from (its shard of the "
+                      "IterableDataset is empty so far); pass filler_sample=<a processed sample> or use "
+                      "mode='join'")
+
+
+class _Pass:
+    """One pass over the loader (what ``iter(loader)`` returns).
+
+    Ending it early (``break``, ``close()``, garbage collection) stops the engine,
+    which tells the peers (they raise RankFailure unless they stop at the same step).
+    """
+
+    def __init__(self, loader: "ODBDataLoader", eng: Engine):
+        self._loader, self._eng = loader, eng
+        self._unemitted0 = loader.stats.unemitted
+        self._open = True
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> MutableMapping:
+        if not self._open:
+            raise StopIteration
+        loader, eng = self._loader, self._eng
+        try:
+            t0 = time.perf_counter()
+            kind, payload = loader._get(eng)
+            loader.stats.wait_time_s += time.perf_counter() - t0
+            if kind == "error":
+                raise payload
+            if kind == "batch":
+                return loader._collate(payload)
+        except BaseException:
+            self._stop(FAILED)
+            raise
+        self._open = False
+        loader._end_pass(eng, self._unemitted0)
+        raise StopIteration
+
+    def _stop(self, status: int) -> None:
+        if self._open:
+            self._open = False
+            self._eng.stop(status)
+            self._loader._join(self._eng)
+
+    def close(self) -> None:
+        """End this pass early (the engine tells the peers it stopped)."""
+        self._stop(CLOSED)
+
+    def __del__(self) -> None:
+        try:
+            self._stop(CLOSED)
+        except Exception:
+            pass
+
+
+def _ranges(positions: set) -> list[list[int]]:
+    out: list[list[int]] = []
+    for p in sorted(positions):
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
+
+
+class ODBDataLoader:
+    """Online dynamic batching: variable-size batches under a cost budget, equal DDP steps.
+
+    :param dataset: map-style ``Dataset`` (``__getitem__`` does the preprocessing) or an
+        ``IterableDataset``.  An IterableDataset is iterated in every rank's own
+        process, so it must yield this rank's shard itself (e.g. read
+        ``torch.distributed.get_rank()``, and ``get_worker_info()`` with workers);
+        its StepInfo indices are the positions in that stream.  A sample is a
+        mapping with ``input_ids`` (see `length_fn`); returning None drops it (counted).
+    :param token_budget: the budget of the cost model (per rank, per batch).
+    :param collate_fn: list of samples -> a mutable mapping (the batch); runs in the
+        consumer's thread, so its exceptions surface on the failing rank.  Default
+        `pad_collate`.
+    :param sampler: yields this rank's own dataset indices (shards may be uneven); must
+        give the same order again after ``set_epoch(e)`` for resume.  ``set_epoch`` is
+        forwarded to it.  Default: a ``seed + epoch`` shuffled permutation dealt round
+        robin (shards differ by at most one sample; nothing repeated or dropped).
+    :param shuffle: shuffle the default shard (ignored with a sampler).
+    :param seed: seed of the default shuffle.
+    :param num_workers: preprocessing workers of the inner DataLoader (0: in the engine thread).
+    :param prefetch_factor: per worker, as in DataLoader (None: its default).
+    :param persistent_workers: keep workers across epochs, as in DataLoader.
+    :param multiprocessing_context: worker start method ("fork", "spawn", ...), as in DataLoader.
+    :param worker_init_fn: as in DataLoader.
+    :param buffer_size: the window W: samples per rank per round, carry included.
+        Larger gives better batches and more prefetch memory (about 2W samples).
+    :param mode: "pad" (equal steps, zero-weight fillers, every sample once), "join"
+        (every sample once; ranks finish at different steps; wrap the model in DDP
+        ``Join``) or "quota" (equal steps, no fillers; stops when a rank runs dry;
+        the rest is counted in ``stats.unemitted`` and warned about).
+    :param cost: the cost model: "padded" | "packed" | "quadratic" | callable |
+        multi-resource mapping (see ``odb.batching.make_cost_model``) or a CostModel.
+    :param policy: an ``odb.batching.AlignmentPolicy`` (default ``odb.batching.default_policy()``).
+    :param oversize: a sample over budget: "alone" (a batch of its own), "skip" or
+        "error"; always counted in ``stats.oversize``.
+    :param loss_basis: what ``StepInfo.loss_scale`` averages over: "label_tokens",
+        "tokens" or "samples".
+    :param length_fn: sample -> int or tuple of ints (sizes per resource, tokens first);
+        default ``len(sample["input_ids"])``.  Runs in the workers (must be picklable
+        under spawn).  Length 0 samples are skipped and counted (``stats.empty``).
+    :param filler_sample: a processed sample used to build PAD fillers on a rank that
+        has seen no sample (default: the rank's first sample; for an empty map-style
+        shard, the first of dataset[0..15] that is not None).
+    :param process_group: the data-parallel group to align (default: the whole world).
+        With a subgroup, only its members construct the loader.
+    :param timeout_s: bound on every header collective; a peer that died or stalled
+        longer makes this rank raise `odb.RankFailure`.
+    :param trace_dir: if set, every rank writes a JSONL trace per pass (see `odb.runtime.trace`).
+
+    World size 1 (or no initialized process group) needs no group.  ``len(loader)``
+    is not defined: the number of batches is decided online.  Use as an iterable,
+    optionally in a ``with`` block; `close` (also run by garbage collection) stops
+    the engine and the workers.
+    """
+
+    def __init__(self, dataset, token_budget: int, collate_fn: Callable | None = None, *,
+                 sampler=None, shuffle: bool = True, seed: int = 0, num_workers: int = 0,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 multiprocessing_context=None, worker_init_fn: Callable | None = None,
+                 buffer_size: int = 256, mode: str = "pad", cost: Any = "padded", policy=None,
+                 oversize: str = "alone", loss_basis: str = "label_tokens",
+                 length_fn: Callable | None = None, filler_sample: Mapping | None = None,
+                 process_group=None, timeout_s: float = 300.0, trace_dir: str | None = None):
+        self._closed = True  # until construction completes (close() / __del__ are then no-ops)
+        self._check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers)
+        iterable = isinstance(dataset, IterableDataset)
+        if iterable and sampler is not None:
+            raise ConfigError("sampler= cannot be used with an IterableDataset (it yields its own stream); "
+                              "drop the sampler and shard inside the dataset")
+        self.dataset, self.collate_fn = dataset, collate_fn or pad_collate
+        self.sampler, self.shuffle, self.seed = sampler, shuffle, int(seed)
+        self.buffer_size, self.mode, self.oversize, self.loss_basis = int(buffer_size), mode, oversize, loss_basis
+        self.timeout_s, self.trace_dir, self.filler_sample = float(timeout_s), trace_dir, filler_sample
+        self.cost, self.policy = self._make_policy(cost, policy, token_budget)
+        self.token_budget = token_budget
+        self.rank, self.world_size, self._group = self._make_group(process_group)
+        self._source = Source(dataset, length_fn=length_fn, num_workers=num_workers,
+                              prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                              multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn)
+        self.stats = LoaderStats()
+        self._loader_id = next(_LOADER_IDS)
+        self._epoch = 0
+        self._done: set = set()      # positions of this epoch's order yielded to the user (or counted)
+        self._complete = False       # the last pass of this epoch ran to its end
+        self._passes = 0
+        self._engine: Engine | None = None
+        self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
+        self._num_positions = None   # length of this epoch's order (-1: IterableDataset), set per pass
+        self._closed = False
+
+    # -- construction helpers ---------------------------------------------------
+    @staticmethod
+    def _check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers) -> None:
+        if not (isinstance(buffer_size, int) and buffer_size >= 1):
+            raise ConfigError(f"buffer_size must be an int >= 1 (samples per rank per round), got {buffer_size!r}")
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r} is not valid; valid: {sorted(MODES)}")
+        if oversize not in _OVERSIZE:
+            raise ConfigError(f"oversize={oversize!r} is not valid; valid: {list(_OVERSIZE)}")
+        if loss_basis not in LOSS_BASES:
+            raise ConfigError(f"loss_basis={loss_basis!r} is not valid; valid: {sorted(LOSS_BASES)}")
+        if not (timeout_s > 0):
+            raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if not (isinstance(num_workers, int) and num_workers >= 0):
+            raise ConfigError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if isinstance(token_budget, bool) or not isinstance(token_budget, (int, float, Mapping)):
+            raise ConfigError(f"token_budget must be a positive number (or a mapping for a multi-resource "
+                              f"cost), got {token_budget!r}")
+        if isinstance(token_budget, (int, float)) and token_budget <= 0:
+            raise ConfigError(f"token_budget must be > 0, got {token_budget!r}")
+
+    @staticmethod
+    def _make_policy(cost, policy, budget):
+        from .. import batching
+        from ..batching.base import CostModel
+
+        if not isinstance(cost, CostModel):
+            cost = batching.make_cost_model(cost, budget)
+        if policy is None:
+            policy = batching.default_policy()
+        return cost, policy
+
+    def _make_group(self, process_group):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            if process_group is not None:
+                raise ConfigError("process_group was given but torch.distributed is not initialized")
+            return 0, 1, None
+        base = process_group if process_group is not None else dist.group.WORLD
+        rank, world_size = dist.get_rank(base), dist.get_world_size(base)
+        if world_size == 1:
+            return rank, 1, None
+        timeout = timedelta(seconds=self.timeout_s)
+        if process_group is None:
+            # SYNC: every rank of the default group must construct its loaders in the same order
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            ranks = dist.get_process_group_ranks(process_group)
+            # SYNC: every member of process_group must construct its loaders in the same order
+            group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+        return rank, world_size, group
+
+    # -- epochs and order --------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (the default shuffle uses ``seed + epoch``; forwarded to the sampler).
+
+        A different epoch forgets which samples of the old one were yielded.
+        """
+        if epoch != self._epoch:
+            self._done, self._complete = set(), False
+        self._epoch = int(epoch)
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def _order(self) -> list | None:
+        if self._source.iterable:
+            return None
+        if self.sampler is not None:
+            return list(iter(self.sampler))
+        return shard_order(len(self.dataset), self.rank, self.world_size, self.shuffle, self.seed, self._epoch)
+
+    # -- iteration ------------------------------------------------------------------
+    def __iter__(self) -> Iterator[MutableMapping]:
+        if self._closed:
+            raise ConfigError("this ODBDataLoader is closed; construct a new one (on every rank)")
+        self._finish_engine()
+        if self._complete:
+            self._done, self._complete = set(), False
+        return _Pass(self, self._start_engine())
+
+    def _end_pass(self, eng: Engine, unemitted0: int) -> None:
+        self._engine_drained = True
+        self._complete = True
+        self.stats.epochs += 1
+        left = self.stats.unemitted - unemitted0
+        if left:
+            warnings.warn(f"mode='quota' stopped epoch {self._epoch} on rank {self.rank} with {left} samples "
+                          "unemitted (another rank ran out of data first); their indices are in "
+                          "loader.stats.unemitted_indices. Use mode='pad' or 'join' to emit every sample.",
+                          stacklevel=3)
+
+    def _start_engine(self) -> Engine:
+        order = self._order()
+        keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in self._done]
+        self._source.start(keys, frozenset(self._done))
+        self._num_positions = -1 if order is None else len(order)
+        if self.filler_sample is not None:
+            template = functools.partial(lambda s: s, self.filler_sample)
+        elif order is None:
+            template = functools.partial(_no_template, self.rank)
+        else:
+            template = functools.partial(_first_usable, self.dataset, order)
+        trace = None
+        mode = MODES[self.mode]
+        if self.trace_dir is not None:
+            header_len = 3 + int(self.policy.summary_len) + 3 * self.buffer_size
+            trace = TraceWriter(trace_path(self.trace_dir, self._loader_id, self._passes, self.rank), {
+                "table": DGAP.hash, "cfg": {"W": self.buffer_size, "mode": mode, "header_len": header_len},
+                "rank": self.rank, "world_size": self.world_size, "epoch": self._epoch, "mode": self.mode,
+                "loader": self._loader_id, "iteration": self._passes, "policy": type(self.policy).__name__})
+        self._passes += 1
+        eng = Engine(group=self._group, rank=self.rank, world_size=self.world_size, W=self.buffer_size,
+                     mode=mode, policy=self.policy, cost=self.cost, source=self._source,
+                     oversize=self.oversize, loss_slot=LOSS_BASES[self.loss_basis], epoch=self._epoch,
+                     stats=self.stats, timeout_s=self.timeout_s, template=template, trace=trace,
+                     queue_size=max(2, self.buffer_size))
+        self._engine, self._engine_drained = eng, False
+        eng.start()
+        return eng
+
+    def _get(self, eng: Engine):
+        while True:
+            try:
+                return eng.out.get(timeout=1.0)
+            except Exception:  # queue.Empty: make sure the engine is still alive
+                if not eng.thread.is_alive() and eng.out.empty():
+                    raise ProtocolError(f"rank {self.rank}: the engine thread ended without a result "
+                                        f"(error: {eng.error!r})") from None
+
+    def _collate(self, b: Batch) -> MutableMapping:
+        info = b.info
+        where = "a filler batch" if info.filler else f"dataset indices {list(info.indices)}"
+        try:
+            batch = self.collate_fn(b.samples)
+        except Exception as e:
+            raise SampleError(f"rank {self.rank}: collate_fn raised {type(e).__name__}: {e} on {where} "
+                              f"(step {info.step}, round {info.round})") from e
+        if not isinstance(batch, MutableMapping):
+            raise SampleError(f"rank {self.rank}: collate_fn returned {type(batch).__name__} for {where}; it "
+                              "must return a mutable mapping (e.g. a dict) so the StepInfo can ride along")
+        batch[STEP_INFO_KEY] = info
+        st = self.stats
+        st.steps += 1
+        if info.filler:
+            st.fillers += 1
+        else:
+            self._done.update(b.positions)
+            st.samples += len(b.samples)
+            st.real_tokens += sum(b.sizes)
+            st.padded_tokens += len(b.sizes) * max(b.sizes)
+        return batch
+
+    def _join(self, eng: Engine) -> None:
+        # bounded: the engine's last collective waits at most timeout_s
+        if not eng.join(self.timeout_s + 10):
+            warnings.warn(f"rank {self.rank}: ODB engine thread did not stop within {self.timeout_s + 10}s; "
+                          "it is a daemon thread and will not block interpreter exit", stacklevel=3)
+
+    def _finish_engine(self) -> None:
+        """Wait for the previous pass's engine (JOIN: it keeps posting until the global stop)."""
+        eng, self._engine = self._engine, None
+        if eng is None or not eng.thread.is_alive():
+            return
+        if not self._engine_drained:
+            eng.stop(CLOSED)
+            self._join(eng)
+            return
+        while eng.thread.is_alive():  # each of its collectives is bounded by timeout_s
+            eng.join(1.0)
+        if eng.error is not None:
+            warnings.warn(f"rank {self.rank}: after this rank's data ended (join mode) the protocol failed: "
+                          f"{eng.error}", stacklevel=3)
+
+    # -- checkpointing ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Which positions of this rank's order for the current epoch were yielded.
+
+        Samples buffered or prefetched but not yet yielded are not recorded, so a
+        fresh loader given this state emits them again: across the two runs every
+        sample is emitted exactly once.  Per-rank: save each rank's own state.
+        """
+        return {"version": STATE_VERSION, "world_size": self.world_size, "rank": self.rank, "seed": self.seed,
+                "epoch": self._epoch,
+                f"rank_{self.rank}": {"done": _ranges(self._done), "complete": self._complete,
+                                      "num_positions": self._num_positions}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Resume from `state_dict()` of the same rank, world size and seed (strict).
+
+        Raises ConfigError naming the mismatch: version, world size (the shards would
+        change), rank (the state is another rank's), seed (the order would change),
+        missing or unknown keys.
+        """
+        sd = dict(state)
+        version = sd.pop("version", None)
+        if version != STATE_VERSION:
+            raise ConfigError(f"state version {version!r} is not supported (this loader reads {STATE_VERSION})")
+        for key, mine, why in (("world_size", self.world_size, "the per-rank shards would change"),
+                               ("rank", self.rank, "this state belongs to another rank"),
+                               ("seed", self.seed, "the sample order would change")):
+            if key not in sd:
+                raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
+            got = sd.pop(key)
+            if got != mine:
+                raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
+        epoch = sd.pop("epoch", None)
+        mine = sd.pop(f"rank_{self.rank}", None)
+        if epoch is None or mine is None:
+            raise ConfigError(f"state lacks 'epoch' or 'rank_{self.rank}'")
+        if sd:
+            raise ConfigError(f"state has unknown keys {sorted(sd)}; refusing to guess what they mean")
+        mine = dict(mine)
+        done, complete, num = mine.pop("done"), mine.pop("complete"), mine.pop("num_positions")
+        if mine:
+            raise ConfigError(f"rank state has unknown keys {sorted(mine)}")
+        self.set_epoch(int(epoch))
+        order = self._order()
+        now = -1 if order is None else len(order)
+        if num is not None and num != now:
+            raise ConfigError(f"cannot resume: this rank's order had {num} positions, now {now} (the dataset "
+                              "or sampler changed)")
+        self._done = {p for a, b in done for p in range(a, b)}
+        self._complete = bool(complete)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the engine (telling peers if mid-epoch), the workers, and the gloo group.
+
+        Idempotent.  In JOIN mode after this rank's data ended, waits for the peers
+        to finish the epoch (each collective bounded by ``timeout_s``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finish_engine()
+        finally:
+            self._source.close()
+            if self._group is not None:
+                import torch.distributed as dist
+
+                try:
+                    if dist.is_initialized():
+                        dist.destroy_process_group(self._group)
+                except Exception:  # the default group may be gone already (interpreter exit)
+                    pass
+                self._group = None
+
+    def __enter__(self) -> "ODBDataLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,216 @@
+"""The rank's data source: its index order, preprocessing in DataLoader workers, measurement.
+
+Legend
+    position   the place of a sample in this rank's index order for the epoch
+               (map-style) or in this rank's stream (IterableDataset); the unit
+               of resume bookkeeping
+    index      the dataset index (map-style) or, for an IterableDataset, the position
+    sizes      tuple of non-negative ints per sample, resource 0 = tokens
+
+Preprocessing (the dataset's ``__getitem__`` / ``__iter__``) and measurement
+(``length_fn``, label counting) run inside an ordinary inner
+``torch.utils.data.DataLoader`` with ``batch_size=None``, so any worker count,
+start method and ``persistent_workers`` work.  Each item comes back as
+``(position, index, sample, measure)``; an exception in a worker comes back as
+a `_Failure` value naming the index (the engine raises it on this rank), so a
+worker error is never a bare traceback without the index.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
+
+__all__ = ["Source", "Item", "default_length", "count_labels", "shard_order"]
+
+
+class _Failure:
+    """An exception raised while preprocessing or measuring one sample (picklable)."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        self.stage = stage
+        self.type = type(exc).__name__
+        self.message = str(exc)
+        self.tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+
+
+def default_length(sample: Any) -> int:
+    """``len(sample["input_ids"])``; the sample must be a mapping with ``input_ids``."""
+    if not isinstance(sample, Mapping) or "input_ids" not in sample:
+        keys = sorted(sample)[:8] if isinstance(sample, Mapping) else None
+        raise KeyError(f"sample has no 'input_ids' (type {type(sample).__name__}, keys {keys}); "
+                       "pass length_fn=... to ODBDataLoader for other layouts")
+    return len(sample["input_ids"])
+
+
+def count_labels(sample: Any) -> int:
+    """Label positions that are not -100 (``labels`` as given, unshifted); 0 if the sample has none."""
+    labels = sample.get("labels") if isinstance(sample, Mapping) else None
+    if labels is None:
+        return 0
+    if isinstance(labels, torch.Tensor):
+        return int((labels != -100).sum())
+    return sum(1 for v in labels if v != -100)
+
+
+def _measure(sample: Any, length_fn: Callable | None) -> tuple[tuple[int, ...], int]:
+    raw = default_length(sample) if length_fn is None else length_fn(sample)
+    sizes = (int(raw),) if isinstance(raw, (int,)) or hasattr(raw, "__index__") else tuple(int(v) for v in raw)
+    if not sizes or any(v < 0 for v in sizes):
+        raise ValueError(f"length must be a non-negative int or a non-empty tuple of them, got {raw!r}")
+    return sizes, count_labels(sample)
+
+
+def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable | None) -> tuple:
+    try:
+        sample = get()
+    except Exception as e:  # reported on this rank with the index, see module doc
+        return pos, index, None, _Failure("preprocessing", e)
+    if sample is None:
+        return pos, index, None, None
+    try:
+        return pos, index, sample, _measure(sample, length_fn)
+    except Exception as e:
+        return pos, index, sample, _Failure("length", e)
+
+
+class _MapFetch(Dataset):
+    """Map-style wrapper: key ``(position, index)`` -> processed, measured item."""
+
+    def __init__(self, dataset: Dataset, length_fn: Callable | None):
+        self.dataset, self.length_fn = dataset, length_fn
+
+    def __getitem__(self, key):
+        pos, index = key
+        return _process(pos, index, lambda: self.dataset[index], self.length_fn)
+
+
+class _IterFetch(IterableDataset):
+    """Iterable wrapper: numbers the stream so positions are unique across workers
+    (``position = k * num_workers + worker_id``)."""
+
+    def __init__(self, dataset: IterableDataset, length_fn: Callable | None):
+        self.dataset, self.length_fn = dataset, length_fn
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        it = iter(self.dataset)
+        k = 0
+        while True:
+            pos = k * nw + wid
+            try:
+                sample = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                yield pos, pos, None, _Failure("preprocessing", e)
+                return
+            yield _process(pos, pos, lambda: sample, self.length_fn)
+            k += 1
+
+
+class _Keys(Sampler):
+    """Yields this epoch's ``(position, index)`` keys; reassigned per epoch (works with persistent workers)."""
+
+    def __init__(self) -> None:
+        self.keys: list = []
+
+    def __iter__(self):
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _identity(x):
+    return x
+
+
+def shard_order(num_samples: int, rank: int, world_size: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The default equal shard: a permutation (seeded by ``seed + epoch``) dealt round robin.
+
+    Shard sizes differ by at most one; no index is repeated or dropped.
+    """
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        perm = torch.randperm(num_samples, generator=g).tolist()
+    else:
+        perm = list(range(num_samples))
+    return perm[rank::world_size]
+
+
+class Item:
+    """One usable sample in the engine: where it came from, the sample, its sizes."""
+
+    __slots__ = ("pos", "index", "sample", "sizes", "labels")
+
+    def __init__(self, pos, index, sample, sizes, labels):
+        self.pos, self.index, self.sample, self.sizes, self.labels = pos, index, sample, sizes, labels
+
+
+class Source:
+    """This rank's stream of ``(position, index, sample, measure)`` items for one epoch.
+
+    Owns one inner DataLoader for the loader's lifetime (so persistent workers
+    persist across epochs).  `start` begins an epoch; `next` returns the next
+    raw item or None at the end; `remaining` lists the indices not yet pulled
+    (map-style only).
+    """
+
+    def __init__(self, dataset, *, length_fn, num_workers: int, prefetch_factor, persistent_workers: bool,
+                 multiprocessing_context, worker_init_fn, pin_memory: bool = False):
+        self.iterable = isinstance(dataset, IterableDataset)
+        self._keys = None if self.iterable else _Keys()
+        wrapped = _IterFetch(dataset, length_fn) if self.iterable else _MapFetch(dataset, length_fn)
+        kw = dict(batch_size=None, collate_fn=_identity, num_workers=num_workers,
+                  persistent_workers=persistent_workers and num_workers > 0,
+                  multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
+                  worker_init_fn=worker_init_fn, pin_memory=pin_memory)
+        if num_workers > 0 and prefetch_factor is not None:
+            kw["prefetch_factor"] = prefetch_factor
+        if not self.iterable:
+            kw["sampler"] = self._keys
+        self._loader = DataLoader(wrapped, **kw)
+        self._it: Iterator | None = None
+        self._pulled = 0
+
+    def start(self, keys: Sequence[tuple[int, Any]] | None, skip: set | frozenset = frozenset()) -> None:
+        """Begin an epoch over `keys` (map-style) or the whole stream minus the
+        positions in `skip` (IterableDataset: skipped items are still read)."""
+        if self._keys is not None:
+            self._keys.keys = list(keys or ())
+        self._skip = skip if self.iterable else frozenset()
+        self._pulled = 0
+        self._it = iter(self._loader)
+
+    def next(self):
+        while self._it is not None:
+            try:
+                item = next(self._it)
+            except StopIteration:
+                self._it = None
+                return None
+            self._pulled += 1
+            if item[0] not in self._skip:
+                return item
+        return None
+
+    def remaining(self) -> list | None:
+        """Indices not yet pulled this epoch (None for an IterableDataset: its rest is unknown)."""
+        if self._keys is None:
+            return None
+        return [index for _, index in self._keys.keys[self._pulled:]]
+
+    def stop(self) -> None:
+        """End the epoch's iterator (non-persistent workers exit here)."""
+        self._it = None
+
+    def close(self) -> None:
+        self._it = None
+        self._loader = None
