@@ -1,0 +1,331 @@
+"""Framework-neutral parts of the adapters: accumulation windows, loss weights,
+sample-based progress and the LR schedule on samples, checkpointable state.
+
+Legend: K = micro-steps per optimizer step (gradient accumulation), W = world
+size, basis = the loader's ``loss_basis`` (tokens, label_tokens or samples);
+``l_i`` / ``g_i`` = this rank's / every rank's basis count in micro-step i.
+
+The loss contract every adapter implements.  Over one accumulation window of K
+micro-steps (the same K step indices on every rank), micro-step i gets::
+
+    loss_weight_i = W * l_i / sum_{j in window} g_j
+
+Multiply the rank's MEAN loss over its micro-batch (mean over the basis) by
+``loss_weight_i`` and call backward.  DDP averages gradients over W ranks and
+the window sums them, so the optimizer sees the gradient of the global mean over
+the basis across all ranks and all K micro-batches:
+``sum_i sum_r W * l_ri * mean_ri / (W * sum_j g_j) = sum(per-item loss) / sum(g)``.
+For K == 1 this is the loader's own ``info.loss_scale``.  A filler has
+``l_i == 0`` so its weight is 0; a window with no basis item at all gets weight
+0 everywhere (nothing to learn from; still a well-formed backward on every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
+           "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS"]
+
+# loss_basis -> (local field, global field) of odb.StepInfo
+BASIS_FIELDS = {
+    "tokens": ("local_tokens", "global_tokens"),
+    "label_tokens": ("local_label_tokens", "global_label_tokens"),
+    "samples": ("local_samples", "global_samples"),
+}
+
+
+def loader_setting(loader: Any, name: str) -> Any:
+    """Read a constructor setting (``mode``, ``loss_basis``, ``world_size``) from an ODBDataLoader."""
+    try:
+        return getattr(loader, name)
+    except AttributeError:
+        raise ConfigError(
+            f"{type(loader).__name__} has no {name!r}; the ODB adapters take an odb.ODBDataLoader "
+            "(or an object exposing mode, loss_basis and world_size)") from None
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    """One batch of the training stream, with what the training loop needs.
+
+    :param batch: the collated batch, StepInfo already removed.
+    :param info: its `odb.StepInfo`.
+    :param loss_weight: multiply the rank's mean loss over the basis by this (see module doc).
+    :param sync: True on the last micro-step of its accumulation window: the
+        gradients are all-reduced and the optimizer steps after it.  The same
+        step indices are sync steps on every rank.
+    """
+
+    batch: Any
+    info: Any
+    loss_weight: float
+    sync: bool
+
+
+def window_weights(infos: list, loss_basis: str, world_size: int) -> list[float]:
+    """Loss weights of one accumulation window (module doc); pure."""
+    try:
+        local_f, global_f = BASIS_FIELDS[loss_basis]
+    except KeyError:
+        raise ConfigError(f"unknown loss_basis {loss_basis!r}; valid: {sorted(BASIS_FIELDS)}") from None
+    total = sum(getattr(i, global_f) for i in infos)
+    if total == 0:
+        return [0.0 for _ in infos]
+    return [world_size * getattr(i, local_f) / total for i in infos]
+
+
+def micro_steps(loader: Iterable, accumulation_steps: int = 1, *, loss_basis: str | None = None,
+                world_size: int | None = None, mode: str | None = None) -> Iterator[MicroStep]:
+    """Iterate one epoch of `loader` as `MicroStep` objects, K at a time.
+
+    Prefetches each window of ``accumulation_steps`` batches so every weight
+    uses the window's global count (no extra collective: the counts come from
+    the loader's own header exchange).  Window boundaries are step indices
+    counted from the start of the epoch, so in PAD and QUOTA mode (equal step
+    counts on every rank) all ranks sync at the same micro-steps; the last
+    window of the epoch may be shorter and is the same on every rank.
+
+    ``loss_basis``, ``world_size`` and ``mode`` default to the loader's own.
+    Raises `ConfigError` for ``mode == "join"`` with ``accumulation_steps > 1``:
+    ranks end at different steps, a rank ending inside a window would all-reduce
+    while its peers are in ``no_sync`` (a collective mismatch), and DDP Join
+    drops a joined rank's unsynced gradients.  Use PAD mode for accumulation.
+    """
+    from ..runtime import pop_step_info
+
+    k = int(accumulation_steps)
+    if k < 1:
+        raise ConfigError(f"accumulation_steps must be >= 1, got {accumulation_steps!r}")
+    basis = loss_basis if loss_basis is not None else loader_setting(loader, "loss_basis")
+    world = world_size if world_size is not None else loader_setting(loader, "world_size")
+    mode = mode if mode is not None else loader_setting(loader, "mode")
+    if mode == "join" and k > 1:
+        raise ConfigError(
+            f"mode='join' with gradient accumulation ({k} micro-steps per optimizer step): ranks finish at "
+            "different steps, so a rank ending inside a window would all-reduce while its peers skip the "
+            "sync (collective mismatch) and DDP Join would drop its unsynced gradients; use mode='pad' "
+            "(equal step counts, fillers) for gradient accumulation, or accumulation_steps=1")
+    it = iter(loader)
+    while True:
+        window = []
+        for _ in range(k):
+            try:
+                window.append(next(it))
+            except StopIteration:
+                break
+        if not window:
+            return
+        infos = [pop_step_info(b) for b in window]
+        weights = window_weights(infos, basis, world)
+        last = len(window) - 1
+        for j, (b, info, w) in enumerate(zip(window, infos, weights)):
+            yield MicroStep(batch=b, info=info, loss_weight=w, sync=(j == last))
+        if len(window) < k:
+            return
+
+
+@dataclass
+class TrainProgress:
+    """Training progress counted in what the loader emitted; identical on every rank.
+
+    ``samples`` (global real samples of finished micro-steps) drives the LR
+    schedule and the sample budget; ``optimizer_steps`` and ``epoch`` are kept
+    for logging and resume.
+    """
+
+    samples: int = 0
+    micro_steps: int = 0
+    optimizer_steps: int = 0
+    epoch: int = 0
+
+    def advance(self, info: Any) -> None:
+        """Count one finished micro-step (call it on every rank, fillers included)."""
+        self.samples += int(info.global_samples)
+        self.micro_steps += 1
+
+    def state_dict(self) -> dict:
+        return {"version": 1, "samples": self.samples, "micro_steps": self.micro_steps,
+                "optimizer_steps": self.optimizer_steps, "epoch": self.epoch}
+
+    def load_state_dict(self, sd: dict) -> None:
+        sd = dict(sd)
+        version = sd.pop("version", None)
+        if version != 1:
+            raise ConfigError(f"TrainProgress state version {version!r} is not 1; it was written by another "
+                              "ODB version; resume with the version that wrote it")
+        for name in ("samples", "micro_steps", "optimizer_steps", "epoch"):
+            setattr(self, name, int(sd.pop(name)))
+        if sd:
+            raise ConfigError(f"TrainProgress state has unexpected keys {sorted(sd)}")
+
+
+def sample_scheduler(optimizer: torch.optim.Optimizer, progress: TrainProgress,
+                     lr_lambda: Callable[[int], float]) -> torch.optim.lr_scheduler.LambdaLR:
+    """A `LambdaLR` whose multiplier is ``lr_lambda(progress.samples)``.
+
+    The scheduler's own step count is ignored, so calling ``step()`` once per
+    optimizer step (or several times, as Accelerate's wrapper does) only
+    re-reads the sample count: the schedule advances by emitted samples, not by
+    steps, and a window of many short samples moves it further than a window of
+    few long ones.  Its state_dict holds no sample count; checkpoint ``progress``
+    beside it.
+    """
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: lr_lambda(progress.samples))
+
+
+def hf_schedule(name: str, total_samples: int, warmup_samples: int, **kwargs) -> Callable[[int], float]:
+    """The multiplier function of a `transformers` schedule, with steps read as samples.
+
+    Built on a throwaway one-parameter optimizer so the caller's optimizer is untouched.
+    """
+    from transformers import get_scheduler
+
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = get_scheduler(name, dummy, num_warmup_steps=warmup_samples, num_training_steps=total_samples,
+                          scheduler_specific_kwargs=kwargs or None)
+    if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR) or len(sched.lr_lambdas) != 1:
+        raise ConfigError(f"lr_scheduler_type {name!r} is not a LambdaLR schedule; ODB can run only "
+                          "LambdaLR schedules (linear, cosine, constant_with_warmup, ...) on samples")
+    return sched.lr_lambdas[0]
+
+
+def join_context(model: torch.nn.Module, mode: str):
+    """``torch.distributed.algorithms.Join([model])`` in JOIN mode, else a null context.
+
+    JOIN mode lets ranks run out of batches at different steps; a DDP model
+    must then shadow the collectives of the ranks still training.  PAD and QUOTA
+    modes emit equal step counts and need nothing (and work with FSDP).
+    """
+    if mode != "join":
+        return contextlib.nullcontext()
+    import torch.distributed as dist
+    from torch.distributed.algorithms import Join
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return contextlib.nullcontext()
+    return Join([model], throw_on_early_termination=False)
+
+
+
+class TrainStream:
+    """An ODBDataLoader's epochs as `MicroStep` windows, with progress and resumable state.
+
+    ``epoch()`` runs one epoch (the loader's epoch follows ``progress.epoch``,
+    so a restored stream continues where it stopped, and a finished epoch moves
+    on to the next).  A micro-step is *consumed* when it is yielded
+    (``consume_on_yield=True``, for loops that train each batch before asking
+    for the next) or when `consume` is called (for frameworks that prefetch).
+    `state_dict` describes the consumed position: the loader state snapshotted
+    at the start of the window that the consumer has reached.  It can be taken
+    at optimizer-step boundaries (window starts), which is where frameworks
+    checkpoint; anywhere else it raises `ConfigError`.
+    """
+
+    def __init__(self, loader, accumulation_steps: int = 1, *, max_samples: int | None = None,
+                 consume_on_yield: bool = True):
+        self.loader, self.k = loader, int(accumulation_steps)
+        self.max_samples = max_samples
+        self.consume_on_yield = consume_on_yield
+        self.progress = TrainProgress()
+        self._pulled = 0        # batches pulled from the loader in the current epoch
+        self._consumed = 0      # micro-steps consumed in the current epoch
+        self._snap: tuple[int, dict] | None = None  # (window start, loader state before pulling it)
+
+    @property
+    def done(self) -> bool:
+        """True once ``max_samples`` global samples were consumed (never without a budget)."""
+        return self.max_samples is not None and self.progress.samples >= self.max_samples
+
+    def epoch(self) -> Iterator[MicroStep]:
+        """One epoch of micro-steps (see class doc); ``progress.epoch`` advances when it ends."""
+        if self.loader.epoch != self.progress.epoch:
+            self.loader.set_epoch(self.progress.epoch)
+        self._pulled = self._consumed = 0
+        self._snap = None
+        for ms in micro_steps(self._pull(), self.k, loss_basis=self.loader.loss_basis,
+                              world_size=self.loader.world_size, mode=self.loader.mode):
+            if self.consume_on_yield:
+                self.consume(ms)
+            yield ms
+        self.progress.epoch += 1
+        self._pulled = self._consumed = 0
+        self._snap = None
+
+    def _pull(self):
+        # Snapshot the loader state before the first batch of every window is pulled.
+        it = iter(self.loader)
+        while True:
+            if self._pulled % self.k == 0:
+                self._snap = (self._pulled, self.loader.state_dict())
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            self._pulled += 1
+            yield b
+
+    def consume(self, ms: MicroStep) -> None:
+        """Mark the next micro-step consumed (counts its samples; adapters count optimizer steps)."""
+        self._consumed += 1
+        self.progress.advance(ms.info)
+
+    def state_dict(self) -> dict:
+        """This rank's state at the consumed position (see class doc)."""
+        if self._consumed == self._pulled:
+            loader_state = self.loader.state_dict()
+        elif self._snap is not None and self._snap[0] == self._consumed:
+            loader_state = self._snap[1]
+        else:
+            raise ConfigError(
+                f"ODB state requested in the middle of an accumulation window ({self._consumed} micro-steps "
+                f"consumed, {self._pulled} fetched): the loader position is only defined at optimizer-step "
+                "boundaries; save checkpoints after an optimizer step")
+        return {"version": 1, "rank": self.loader.rank, "world_size": self.loader.world_size,
+                "loader": loader_state, "progress": self.progress.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        sd = dict(sd)
+        if sd.pop("version", None) != 1:
+            raise ConfigError("TrainStream state has an unknown version; resume with the ODB version that wrote it")
+        for key, mine in (("rank", self.loader.rank), ("world_size", self.loader.world_size)):
+            got = sd.pop(key, None)
+            if got != mine:
+                raise ConfigError(f"cannot resume: state has {key}={got!r}, this run has {mine!r}; "
+                                  "resume with the same number of ranks, each with its own state")
+        self.loader.load_state_dict(sd.pop("loader"))
+        self.progress.load_state_dict(sd.pop("progress"))
+        if sd:
+            raise ConfigError(f"TrainStream state has unexpected keys {sorted(sd)}")
+
+
+
+def gather_rank_states(local: dict) -> dict:
+    """Every rank's state in one dict, for checkpointers that only rank 0 writes.
+
+    SYNC: every rank must call this (an ``all_gather_object``) at the same point.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        states: list = [None] * dist.get_world_size()
+        dist.all_gather_object(states, local)  # SYNC: every rank must reach this
+    else:
+        states = [local]
+    return {"version": 1, "world_size": len(states), "ranks": states}
+
+
+def own_rank_state(sd: dict, rank: int, world_size: int) -> dict:
+    """This rank's entry of `gather_rank_states`; rejects another world size."""
+    if sd.get("version") != 1 or "ranks" not in sd:
+        raise ConfigError("ODB checkpoint entry has an unknown format; it was not written by this ODB version")
+    if sd.get("world_size") != world_size:
+        raise ConfigError(f"cannot resume: the checkpoint holds {sd.get('world_size')} ranks' ODB state, this run "
+                          f"has world_size={world_size}; resume with the same number of ranks")
+    return sd["ranks"][rank]
