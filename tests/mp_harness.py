@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import multiprocessing as mp
 
+from torch.utils.data import IterableDataset, get_worker_info
+
 __all__ = ["Outcome", "run_ranks", "scenario", "make_lengths"]
 
 
@@ -135,24 +137,19 @@ class Samples:
         return {"input_ids": [1] * n, "labels": [-100] + [1] * (n - 1), "id": [i]}
 
 
-def _iterable_class():
-    import torch.utils.data as tud
+class Stream(IterableDataset):
+    """This rank's own stream of samples (ids are global dataset ids); splits itself across workers."""
 
-    class Stream(tud.IterableDataset):
-        """This rank's own stream of samples (ids are global dataset ids)."""
+    def __init__(self, lengths, ids):
+        self.lengths, self.ids = lengths, list(ids)
 
-        def __init__(self, lengths, ids):
-            self.lengths, self.ids = lengths, list(ids)
-
-        def __iter__(self):
-            info = tud.get_worker_info()
-            wid, nw = (info.id, info.num_workers) if info else (0, 1)
-            for k, i in enumerate(self.ids):
-                if k % nw == wid:
-                    n = self.lengths[i]
-                    yield {"input_ids": [1] * n, "labels": [1] * n, "id": [i]}
-
-    return Stream
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for k, i in enumerate(self.ids):
+            if k % nw == wid:
+                n = self.lengths[i]
+                yield {"input_ids": [1] * n, "labels": [1] * n, "id": [i]}
 
 
 def id_collate(samples):
@@ -190,7 +187,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
               multiprocessing_context=spec.get("mp_context"))
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
-        ds = _iterable_class()(lengths, shards[rank])
+        ds = Stream(lengths, shards[rank])
     else:
         ds = Samples(lengths, spec.get("drop", ()), spec.get("raise_at", ()), spec.get("no_len", ()))
         if shards is not None:

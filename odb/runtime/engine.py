@@ -344,7 +344,7 @@ class Engine:
         extra = {"round": rnd, "collective": {
             "headers": [{"n": h[2], "shape": len(h)} for h in headers],
             "summaries": [h[3:3 + self.S] for h in headers],
-            "status": [h[0] for h in headers], "rounds": [h[1] for h in headers]}}
+            "status": [h[0] for h in headers], "rounds": [h[1] for h in headers], "inputs": dict(self._coll)}}
         return extra
 
     def _release(self, headers: list[list[int]]) -> None:

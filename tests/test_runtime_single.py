@@ -1,0 +1,201 @@
+"""ODBDataLoader at world size 1 (no process group): contracts, bad input, resume, lifecycle."""
+
+import threading
+import warnings
+
+import pytest
+import torch
+
+import odb
+from odb.runtime import pad_collate
+from proofs.conformance import assert_conformant
+
+from mp_harness import Samples, Stream, id_collate, list_collate, make_lengths
+
+LENGTHS = make_lengths(50, seed=3, lo=2)
+
+
+def ids_of(loader):
+    out = []
+    for batch in loader:
+        info = odb.pop_step_info(batch)
+        assert batch["id"][:, 0].tolist() == list(info.indices)
+        out.append(info)
+    return out
+
+
+def odb_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("odb-engine")]
+
+
+def test_every_sample_is_emitted_once_and_the_trace_conforms(tmp_path):
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, trace_dir=str(tmp_path))
+    infos = ids_of(loader)
+    seen = [i for info in infos for i in info.indices]
+    assert sorted(seen) == list(range(50))
+    assert all(info.loss_scale == 1.0 and not info.filler for info in infos)
+    assert loader.stats.samples == 50 and loader.stats.steps == len(infos) and loader.stats.rounds >= 7
+    assert loader.stats.real_tokens == sum(LENGTHS) <= loader.stats.padded_tokens
+    rows = assert_conformant(str(tmp_path))
+    assert {"take_sample", "see_exhausted", "post_header", "return_go", "emit_group", "end_round",
+            "return_stop"} <= set(rows)
+    loader.close()
+    assert not odb_threads()
+
+
+def test_batches_respect_the_budget_and_oversize_samples_go_alone():
+    lengths = [10, 200, 30, 40, 5, 300]
+    with odb.ODBDataLoader(Samples(lengths), 100, id_collate, buffer_size=4, shuffle=False) as loader:
+        infos = ids_of(loader)
+    for info in infos:
+        sizes = [lengths[i] for i in info.indices]
+        assert len(sizes) * max(sizes) <= 100 or len(sizes) == 1
+    assert sorted(i for info in infos for i in info.indices) == list(range(6))
+    assert loader.stats.oversize == 2 and loader.stats.oversize_skipped == 0
+
+
+def test_oversize_skip_is_counted_and_error_names_the_index():
+    lengths = [10, 200, 30]
+    with odb.ODBDataLoader(Samples(lengths), 100, id_collate, buffer_size=4, oversize="skip") as loader:
+        seen = sorted(i for info in ids_of(loader) for i in info.indices)
+    assert seen == [0, 2] and loader.stats.oversize_skipped == 1 and loader.stats.oversize == 1
+    with odb.ODBDataLoader(Samples(lengths), 100, id_collate, buffer_size=4, oversize="error",
+                           shuffle=False) as loader:
+        with pytest.raises(odb.SampleError, match="index 1 has sizes"):
+            ids_of(loader)
+
+
+def test_dropped_and_empty_samples_are_counted_never_silent():
+    lengths = list(LENGTHS)
+    lengths[4] = 0
+    with odb.ODBDataLoader(Samples(lengths, drop={2, 9}), 128, id_collate, buffer_size=8) as loader:
+        seen = sorted(i for info in ids_of(loader) for i in info.indices)
+    assert seen == sorted(set(range(50)) - {2, 4, 9})
+    assert loader.stats.dropped == 2 and loader.stats.empty == 1
+
+
+def test_a_sample_without_a_length_raises_with_its_index():
+    with odb.ODBDataLoader(Samples(LENGTHS, no_len={5}), 128, id_collate, buffer_size=8) as loader:
+        with pytest.raises(odb.SampleError, match=r"index 5 failed in measuring its length.*input_ids"):
+            ids_of(loader)
+    assert not odb_threads()
+
+
+def test_an_exception_in_getitem_raises_with_its_index_from_a_worker():
+    with odb.ODBDataLoader(Samples(LENGTHS, raise_at={11}), 128, id_collate, buffer_size=8,
+                           num_workers=1) as loader:
+        with pytest.raises(odb.SampleError, match=r"index 11 failed in preprocessing.*injected failure at 11"):
+            ids_of(loader)
+
+
+def test_collate_errors_and_non_mapping_batches_name_the_indices():
+    def bad(samples):
+        raise KeyError("boom")
+
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, bad, buffer_size=8) as loader:
+        with pytest.raises(odb.SampleError, match=r"collate_fn raised KeyError.*dataset indices \["):
+            next(iter(loader))
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, list_collate, buffer_size=8) as loader:
+        with pytest.raises(odb.SampleError, match="returned list"):
+            next(iter(loader))
+    assert not odb_threads()
+
+
+def test_empty_dataset_yields_nothing():
+    with odb.ODBDataLoader(Samples([]), 128, id_collate, buffer_size=8) as loader:
+        assert ids_of(loader) == []
+        assert loader.stats.rounds == 1
+
+
+def test_iterable_dataset_with_two_workers_emits_every_sample_once():
+    ds = Stream(LENGTHS, range(50))
+    with odb.ODBDataLoader(ds, 128, id_collate, buffer_size=8, num_workers=2,
+                           multiprocessing_context="fork") as loader:
+        got = []
+        for batch in loader:
+            odb.pop_step_info(batch)
+            got += batch["id"][:, 0].tolist()
+    assert sorted(got) == list(range(50))
+
+
+def test_persistent_workers_serve_two_epochs_with_different_orders():
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, num_workers=1,
+                           persistent_workers=True) as loader:
+        a = [i for info in ids_of(loader) for i in info.indices]
+        loader.set_epoch(1)
+        b = [i for info in ids_of(loader) for i in info.indices]
+    assert sorted(a) == sorted(b) == list(range(50)) and a != b
+
+
+def test_resume_in_a_fresh_loader_emits_every_sample_exactly_once():
+    first = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+    it = iter(first)
+    seen = []
+    for _ in range(5):
+        seen += odb.pop_step_info(next(it)).indices
+    state = first.state_dict()
+    first.close()
+    second = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+    second.load_state_dict(state)
+    seen += [i for info in ids_of(second) for i in info.indices]
+    assert sorted(seen) == list(range(50))
+    second.set_epoch(1)
+    assert sorted(i for info in ids_of(second) for i in info.indices) == list(range(50))
+
+
+def test_load_state_dict_is_strict_and_says_why():
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+    good = loader.state_dict()
+    for change, msg in (({"seed": 1}, "seed"), ({"world_size": 2}, "world_size"), ({"rank": 1}, "another rank"),
+                        ({"extra": 0}, "unknown keys"), ({"version": 9}, "version")):
+        with pytest.raises(odb.ConfigError, match=msg):
+            loader.load_state_dict({**good, **change})
+    other = odb.ODBDataLoader(Samples(LENGTHS[:40]), 128, id_collate, buffer_size=8)
+    with pytest.raises(odb.ConfigError, match="positions"):
+        other.load_state_dict({**good, "rank_0": {**good["rank_0"], "num_positions": 50}})
+    loader.close()
+    other.close()
+
+
+def test_break_close_and_garbage_collection_stop_the_engine_and_workers():
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 64, id_collate, buffer_size=4, num_workers=1)
+    for k, batch in enumerate(loader):
+        if k == 2:
+            break
+    assert not odb_threads()
+    it = iter(loader)
+    next(it)
+    del it
+    assert not odb_threads()
+    with odb.ODBDataLoader(Samples(LENGTHS), 64, id_collate, buffer_size=4) as other:
+        next(iter(other))
+    assert not odb_threads()
+    loader.close()
+    with pytest.raises(odb.ConfigError, match="closed"):
+        iter(loader)
+
+
+def test_loss_scale_bases_and_pop_step_info_contract():
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, loss_basis="samples") as loader:
+        batch = next(iter(loader))
+        info = odb.pop_step_info(batch)
+        assert info.loss_scale == 1.0 and info.local_samples == info.global_samples == len(info.indices)
+        assert info.local_label_tokens == sum(LENGTHS[i] - 1 for i in info.indices)
+        with pytest.raises(odb.SampleError, match="odb_step_info"):
+            odb.pop_step_info(batch)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"mode": "fast"}, "mode"), ({"oversize": "drop"}, "oversize"), ({"loss_basis": "x"}, "loss_basis"),
+    ({"buffer_size": 0}, "buffer_size"), ({"timeout_s": 0}, "timeout_s"),
+])
+def test_bad_settings_are_rejected_with_the_valid_values(kwargs, msg):
+    with pytest.raises(odb.ConfigError, match=msg):
+        odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, **kwargs)
+
+
+def test_pad_collate_pads_labels_with_minus_100():
+    out = pad_collate([{"input_ids": [1, 2, 3], "labels": [5, 6, 7]}, {"input_ids": [4], "labels": [8]}])
+    assert out["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["input_ids"].dtype == torch.int64
