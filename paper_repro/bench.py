@@ -8,7 +8,7 @@ through the DGAP table, PAD mode); GMT, BMT and Standard come from
 Grid (default): distributions matched to the paper's CVs plus the release's
 long-tail mix (`paper_repro.distributions`), world sizes 2, 8, 64, windows
 (buffers, per rank) 64, 256, 1024, budgets 8192 and 16384, padded and packed
-cost.  Samples per rank: ``max(2 W, 512)`` (``--full``: ``max(8 W, 4096)``).
+cost.  Samples per rank: ``max(3 W, 1024)`` (``--full``: ``max(8 W, 4096)``).
 
 Metrics (per method):
     steps              optimizer steps (one batch per rank each)
@@ -152,7 +152,7 @@ def grid(full: bool) -> list[tuple]:
     for dist in DISTRIBUTIONS:
         for world in (2, 8, 64):
             for window in (64, 256, 1024):
-                per_rank = max(8 * window, 4096) if full else max(2 * window, 512)
+                per_rank = max(8 * window, 4096) if full else max(3 * window, 1024)
                 for budget in (8192, 16384):
                     for kind in ("padded", "packed"):
                         cfgs.append((dist, world, window, budget, kind, per_rank))

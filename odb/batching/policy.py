@@ -21,9 +21,10 @@ round, never dropped), and a partial (open) group is only emitted when its rank'
 source is exhausted or when the rank has no full group at all (a window too
 small for the budget).  No sample is peeled into a singleton.
 
-Within a round each rank emits its chosen groups in decreasing cost, so the k-th
-batch of every rank has a similar cost (all ranks draw from the same length
-distribution, and longest-first selection keeps them on the same part of it).
+Within a round a rank with more full groups than ``T`` emits its ``T`` fullest
+and carries the rest; every rank emits its groups in decreasing cost, so the
+k-th batch of every rank has a similar cost (all ranks draw from the same
+length distribution).
 
 The proposal reads only the gathered summaries, so it is the same on every
 rank; the table clamps it to ``[1, hi]``.  `partition` works for any ``real``
@@ -96,21 +97,20 @@ class BalancedPolicy:
         if real == 0:
             return []
         gs = self.groups(window, cost)
-        chosen = [list(g.positions) for g in gs[:real]]  # closed first (longest first), the open one last
-        fills = {i: g.fill for i, g in enumerate(gs[:real])}
-        while len(chosen) < real:
+        closed = [g for g in gs if g.closed]
+        if real <= len(closed):
+            # the `real` fullest closed groups, in decreasing fill; a poorly filled one is
+            # carried and emitted when the rank has nothing better (every rank does the same,
+            # so poor groups of different ranks tend to meet in the same steps)
+            pick = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))[:real]
+            return [list(closed[k].positions) for k in pick]
+        chosen = [list(g.positions) for g in gs[:real]]  # every closed group, then the open one
+        while len(chosen) < real:  # more groups than the window forms: split the largest
             i = max(range(len(chosen)), key=lambda k: (len(chosen[k]), -k))
             g = chosen[i]
             half = (len(g) + 1) // 2
             chosen[i:i + 1] = [g[:half], g[half:]]
-            fills = None
-        if fills is None:
-            ordered = sorted(chosen, key=lambda g: -cost.utilisation([window[p] for p in g]))
-        else:
-            idx = sorted(range(len(chosen)), key=lambda k: (-fills[k], k))
-            ordered = [chosen[k] for k in idx]
-        return ordered
-
+        return sorted(chosen, key=lambda g: -cost.utilisation([window[p] for p in g]))
 
 def default_policy() -> BalancedPolicy:
     """The policy ODB uses unless told otherwise (a fresh instance per rank)."""
