@@ -1,0 +1,171 @@
+"""Cluster-scale prediction: a stated step-time model fed with the exact batches each method emits.
+
+Legend
+    N       world size (ranks = GPUs)
+    L       a sample's post-pipeline length in tokens
+    step    one optimizer step: every rank runs one batch (or idles: a PAD filler
+            costs a full forward/backward of one sample, a JOIN-finished rank 0)
+
+Step-time model (per step, seconds)::
+
+    compute_r = c_fixed + (A * padded_tokens_r + B_ATT * sum_i Lpad_i^2) / (MFU * PEAK)
+    step      = max_r compute_r + max(0, t_allreduce(N) - OVERLAP * (2/3) * max_r compute_r)
+
+with padded_tokens_r = len(batch) * max(L) (pad collate), Lpad_i = max(L) for
+every row, and the gradient all-reduce a ring over the slowest link:
+``t_allreduce = 2 (N-1)/N * GRAD_BYTES / BW + 2 (N-1) * ALPHA``.
+
+Constants and where they come from (all stated, none fitted to the paper):
+    A        6 * 2.1e9 FLOP/token: fwd+bwd of a 2.1B-parameter decoder (the
+             6P rule, Kaplan et al. 2020); Qwen3-VL-2B's LM is about 2B.
+    B_ATT    6 * n_layers * d_model = 6 * 28 * 2048 FLOP per L^2 (causal
+             attention scores + values, fwd+bwd, halved for causality).
+    PEAK     148e12 FLOP/s dense BF16 (NVIDIA H20 datasheet).
+    MFU      0.40 at saturation, and ``tokens / (tokens + KNEE)`` below it
+             with KNEE = 1024 tokens: a batch of one short sample leaves the
+             GPU mostly idle (the paper's premise for batch-1 Standard).
+    c_fixed  0.030 s: optimizer step over 2.1B params with full AdamW state
+             per rank (about 64 GB of HBM traffic at 4.0 TB/s, H20 datasheet)
+             plus about 1,000 kernel launches at ~10 us.
+    GRAD     2.1e9 * 2 bytes (BF16 gradients).
+    BW       intra-node (N <= 8): 300 GB/s ring bus bandwidth over NVLink
+             (H20: 900 GB/s NVLink, derated for ring all-reduce);
+             inter-node (N > 8): 45 GB/s per GPU (one 400 Gb/s NIC per GPU).
+    ALPHA    5 us intra-node, 15 us inter-node per ring hop.
+    OVERLAP  0.8 of the all-reduce hides behind the backward pass (DDP buckets).
+ODB additionally pays one header all-gather per round (`protocol_cost`), and
+the simulation charges it.
+
+Protocol cost: the released package all-gathers ``[slots, groups, size per
+group...]`` per rank per window, O(N * W) integers; ODB all-gathers a fixed
+header of ``header_len`` integers per rank, O(N).  `protocol_cost` gives bytes
+received per rank and a ring all-gather latency for both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "standard_plan", "plan_stats"]
+
+# A plan: one entry per step; each entry is a list over ranks of that rank's batch
+# (a list of sample lengths), [] for an idle/joined rank, or ("filler", L) for a PAD filler.
+Plan = list
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepModel:
+    flop_per_token: float = 6 * 2.1e9
+    flop_per_l2: float = 6 * 28 * 2048
+    peak: float = 148e12
+    mfu: float = 0.40
+    knee_tokens: float = 1024.0
+    c_fixed: float = 0.030
+    grad_bytes: float = 2.1e9 * 2
+    bw_intra: float = 300e9
+    bw_inter: float = 45e9
+    alpha_intra: float = 5e-6
+    alpha_inter: float = 15e-6
+    overlap: float = 0.8
+    gpus_per_node: int = 8
+
+    def compute(self, batch: Sequence[int]) -> float:
+        """Seconds of one rank's forward+backward+optimizer for a padded batch."""
+        if not batch:
+            return 0.0
+        lmax = max(batch)
+        tokens = len(batch) * lmax
+        flops = self.flop_per_token * tokens + self.flop_per_l2 * len(batch) * lmax * lmax
+        eff = self.mfu * tokens / (tokens + self.knee_tokens)
+        return self.c_fixed + flops / (eff * self.peak)
+
+    def allreduce(self, world_size: int) -> float:
+        n = world_size
+        if n == 1:
+            return 0.0
+        bw, alpha = (self.bw_intra, self.alpha_intra) if n <= self.gpus_per_node else (self.bw_inter, self.alpha_inter)
+        return 2 * (n - 1) / n * self.grad_bytes / bw + 2 * (n - 1) * alpha
+
+    def allgather(self, world_size: int, bytes_per_rank: float) -> float:
+        """Ring all-gather latency: (N-1) hops, each moving one rank's message."""
+        n = world_size
+        bw, alpha = (self.bw_intra, self.alpha_intra) if n <= self.gpus_per_node else (self.bw_inter, self.alpha_inter)
+        return (n - 1) * (alpha + bytes_per_rank / bw)
+
+    def step(self, per_rank: Sequence[Sequence[int]], world_size: int) -> float:
+        slowest = max(self.compute(b) for b in per_rank)
+        exposed = max(0.0, self.allreduce(world_size) - self.overlap * (2 / 3) * slowest)
+        return slowest + exposed
+
+
+H20_2B = StepModel()
+
+
+def _rank_batch(x) -> list[int]:
+    if isinstance(x, tuple) and x and x[0] == "filler":
+        return [int(x[1])]
+    return [int(v) for v in x]
+
+
+def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds: int = 0,
+             header_bytes: int = 0) -> dict:
+    """Predicted wall time and efficiency of a plan.
+
+    :param num_rounds, header_bytes: ODB's protocol rounds and per-rank header
+        size; each round adds one all-gather latency.
+    Returns seconds, real samples, samples/s, straggler efficiency (mean over
+    steps of mean rank compute / max rank compute) and padding fraction.
+    """
+    t = 0.0
+    samples = real = padded = 0
+    eff = []
+    for step in plan:
+        batches = [_rank_batch(x) for x in step]
+        t += model.step(batches, world_size)
+        comp = [model.compute(b) for b in batches]
+        eff.append(float(np.mean(comp) / max(comp)) if max(comp) > 0 else 1.0)
+        for x in step:
+            if isinstance(x, tuple):
+                padded += int(x[1])
+                continue
+            samples += len(x)
+            real += sum(x)
+            padded += len(x) * max(x) if x else 0
+    t += num_rounds * model.allgather(world_size, header_bytes)
+    return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
+            "straggler_eff": float(np.mean(eff)) if eff else 1.0, "pad_frac": 1 - real / padded if padded else 0.0,
+            "steps": len(plan)}
+
+
+def standard_plan(lengths: Sequence[int], world_size: int, batch_size: int = 1, seed: int = 0) -> Plan:
+    """Fixed batches: a seeded shuffle dealt round-robin to ranks (DistributedSampler-like,
+    tail dropped to a multiple of world_size * batch_size so all ranks step together)."""
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    per = len(order) // (world_size * batch_size) * batch_size
+    shards = [order[r::world_size][:per] for r in range(world_size)]
+    return [[[int(lengths[i]) for i in shards[r][s:s + batch_size]] for r in range(world_size)]
+            for s in range(0, per, batch_size)]
+
+
+def plan_stats(plan: Plan) -> dict:
+    return {"steps": len(plan), "samples": sum(len(x) for st in plan for x in st if not isinstance(x, tuple))}
+
+
+def protocol_cost(world_size: int, window: int, header_len: int, model: StepModel = H20_2B,
+                  int_bytes: int = 8) -> dict:
+    """Bytes each rank receives, and all-gather latency, for one round.
+
+    release: every rank sends [slots, groups, one size per group] with up to
+    `window` groups (its worst case: singletons), so N * (2 + window) ints.
+    odb: every rank sends a fixed `header_len`-int header, so N * header_len ints.
+    """
+    rel = (2 + window) * int_bytes
+    ours = header_len * int_bytes
+    return {"world_size": world_size, "window": window,
+            "release_bytes": world_size * rel, "odb_bytes": world_size * ours,
+            "release_latency_s": model.allgather(world_size, rel),
+            "odb_latency_s": model.allgather(world_size, ours)}

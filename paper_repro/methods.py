@@ -1,0 +1,113 @@
+"""Batch sources backed by other ODB packages: GMT/BMT (odb.baselines) and ODB (odb.runtime).
+
+Kept apart from `workloads` so that a missing package turns into a reported
+`MethodUnavailable` for that method only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .data import collate_pad, sample_len
+from .workloads import MethodUnavailable, _meta
+
+__all__ = ["OfflineBatches", "ODBBatches"]
+
+
+def build_length_cache(ds) -> tuple[list[int], float]:
+    """Run the whole pipeline once to record every sample's post-pipeline length.
+
+    This is what an offline sampler (GMT/BMT) needs before training can start;
+    returns (lengths, seconds).  For an augmented workload the cache is built
+    at epoch 0 and is stale afterwards (reported in the notes by the caller).
+    """
+    t = time.perf_counter()
+    if hasattr(ds, "set_epoch"):
+        ds.set_epoch(0)
+    lengths = [sample_len(ds[i]) for i in range(len(ds))]
+    return lengths, time.perf_counter() - t
+
+
+class OfflineBatches:
+    """GMT / BMT from `odb.baselines`, fed a length cache this rank builds first.
+
+    The schedule's steps are shuffled per epoch with the run's seed (fairseq
+    shuffles its token-budget batches the same way; without it GMT would train
+    longest-first).  A ``None`` entry (a rank with no batch in the last step)
+    becomes a zero-weight filler so every rank runs the same DDP steps.  The
+    cache is built at epoch 0; under augmentation (the "mm" workload) it is stale
+    afterwards, and batches that then exceed the budget are counted
+    (``over_budget_batches``), not hidden.
+    """
+
+    def __init__(self, method: str, ds, spec: dict, rank: int, world_size: int):
+        try:
+            from odb.baselines import bucketed_max_tokens, global_max_tokens
+            from odb.batching import make_cost_model
+        except ImportError as e:
+            raise MethodUnavailable(f"{method}: odb.baselines is not importable ({e})") from None
+        self.ds, self.rank, self.world_size, self.seed = ds, rank, world_size, spec["seed"]
+        lengths, self.setup_s = build_length_cache(ds)
+        cost = make_cost_model("padded", spec["budget"])
+        sizes = [(x,) for x in lengths]
+        if method == "gmt":
+            self.schedule = global_max_tokens(sizes, cost, world_size)
+        else:
+            self.schedule = bucketed_max_tokens(sizes, cost, world_size, bucket=spec.get("bmt_bucket", 4096))
+        self.notes = (f"length cache {self.setup_s:.2f}s for {len(ds)} samples; "
+                      f"{len(self.schedule[0])} steps per rank")
+
+    def join_context(self, ddp):
+        return contextlib.nullcontext()
+
+    def epoch(self, e: int):
+        import numpy as np
+
+        steps = np.random.default_rng([self.seed, e]).permutation(len(self.schedule[0]))
+        for s in steps:
+            row = self.schedule[self.rank][s]
+            g = sum(len(self.schedule[r][s]) for r in range(self.world_size) if self.schedule[r][s] is not None)
+            if row is None:
+                b = collate_pad([self.ds[0]])
+                yield b, _meta(b, 0, g, scale=0.0, filler=True)
+            else:
+                b = collate_pad([self.ds[i] for i in row])
+                yield b, _meta(b, len(row), g)
+
+
+class ODBBatches:
+    """`odb.ODBDataLoader` in "pad" or "join" mode over the same dataset.
+
+    Lengths are measured by the loader after `__getitem__` (`sample_len`: visual
+    + text tokens), so nothing is cached beforehand (``setup_s`` is 0).  The loss
+    multiplier is the loader's ``info.loss_scale`` (label-token basis); join mode
+    wraps the epoch in DDP `Join`.
+    """
+
+    def __init__(self, mode: str, ds, spec: dict, rank: int, world_size: int):
+        try:
+            import odb
+            loader_cls = odb.ODBDataLoader
+        except (ImportError, AttributeError) as e:
+            raise MethodUnavailable(f"odb_{mode}: odb.ODBDataLoader is not importable ({e})") from None
+        self.odb, self.mode = odb, mode
+        self.loader = loader_cls(ds, token_budget=spec["budget"], collate_fn=collate_pad, length_fn=sample_len,
+                                 shuffle=True, seed=spec["seed"], num_workers=0,
+                                 buffer_size=spec.get("window", 256), mode=mode, cost="padded",
+                                 loss_basis="label_tokens", timeout_s=spec.get("timeout_s", 120))
+        self.setup_s, self.notes = 0.0, f"mode={mode}, window={spec.get('window', 256)}, no length cache"
+
+    def join_context(self, ddp):
+        if self.mode == "join":
+            from torch.distributed.algorithms import Join
+            return Join([ddp])
+        return contextlib.nullcontext()
+
+    def epoch(self, e: int):
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(e)
+        for b in self.loader:
+            info = self.odb.pop_step_info(b)
+            m = _meta(b, info.local_samples, info.global_samples, scale=info.loss_scale, filler=info.filler)
+            yield b, m

@@ -1,0 +1,132 @@
+"""`make repro`: the paper's benchmarks on this machine, and past it by simulation.
+
+    python -m paper_repro.repro           # quick grid, < 15 min on 2 cores
+    python -m paper_repro.repro --full    # larger grid (more samples, epochs, world sizes)
+
+Part 1 (measured): for each run spec below, one torchrun job of 2 gloo CPU
+ranks (`paper_repro.train`) trains every method side by side on the same
+samples from the same init, and reports literal emitted-sample throughput,
+real/padded tokens/s, steps, loader wait and validation loss at equal samples.
+Part 2 (predicted): `paper_repro.cluster_sim` feeds the exact batches of
+Standard / GMT / BMT (odb.baselines) and ODB (paper_repro.simrank, through the
+DGAP table) to a stated step-time model for 8..1024 ranks, and sizes the
+protocol's per-round traffic against the released package's.
+Outputs land in paper_repro/results/ (Markdown, PNG, raw JSON) with SUMMARY.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import report
+
+__all__ = ["quick_specs", "full_specs", "run_spec", "main", "RESULTS"]
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ALL_METHODS = ["standard1", "standardB", "gmt", "bmt", "odb_pad", "odb_join"]
+# The paper's four datasets, as CV-matched length distributions (paper_repro.distributions).
+PAPER_DISTS = [("llava", 0.29), ("ultrachat", 0.48), ("mmmix", 0.80), ("sharegpt4o", 1.00)]
+
+
+def _base(**kw) -> dict:
+    spec = {"kind": "lengths", "num_train": 256, "num_val": 64, "cutoff": 2048, "seed": 0, "vocab": 2048,
+            "net": {"dim": 64, "layers": 2, "heads": 4}, "lora": False, "budget": 2048, "lr": 2e-3,
+            "epochs": 2, "window": 64, "length_scale": 8.0, "methods": ALL_METHODS, "timeout_s": 120}
+    spec.update(kw)
+    return spec
+
+
+def quick_specs() -> list[dict]:
+    """One spec per paper dataset (full FT), plus LoRA, the real text corpus and the images."""
+    specs = [_base(name=f"{d}_full", dist=d, paper_cv=cv) for d, cv in PAPER_DISTS]
+    specs.append(_base(name="sharegpt4o_lora", dist="sharegpt4o", paper_cv=1.00, lora=True, lr=5e-3))
+    specs.append(_base(name="docstrings_text_full", kind="text", cutoff=512, budget=1024, length_scale=1.0))
+    specs.append(_base(name="images_mm_full", kind="mm", cutoff=128, budget=1024, num_train=128, num_val=32,
+                       max_side=336, length_scale=1.0))
+    return specs
+
+
+def full_specs() -> list[dict]:
+    specs = [dict(s, num_train=s["num_train"] * 4, epochs=3, window=256) for s in quick_specs()]
+    specs.append(_base(name="sharegpt4o_hf_llama", dist="sharegpt4o", paper_cv=1.00,
+                       net={"dim": 64, "layers": 2, "heads": 4, "impl": "hf"}))
+    return specs
+
+
+def run_spec(spec: dict, workdir: str, nproc: int = 2, timeout_s: float = 600, on_progress=None) -> dict:
+    """Launch `paper_repro.train` under torchrun for one spec; returns its result dict.
+
+    Raises RuntimeError with the worker's output tail when it fails or times out.
+    """
+    sp = os.path.join(workdir, spec["name"] + ".spec.json")
+    out = os.path.join(workdir, spec["name"] + ".out.json")
+    with open(sp, "w") as f:
+        json.dump(spec, f)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "paper_repro.train", "--spec", sp, "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tail: list[str] = []
+    t0 = time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line])[-40:]
+        if line.startswith('{"progress"') and on_progress:
+            on_progress(json.loads(line)["progress"])
+        if time.monotonic() - t0 > timeout_s:
+            break
+    try:
+        rc = proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        rc = "timeout"
+    if rc != 0 or not os.path.exists(out):
+        raise RuntimeError(f"run {spec['name']} failed (exit {rc}); last output:\n" + "".join(tail))
+    with open(out) as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Reproduce the paper's benchmarks (see module docstring).")
+    ap.add_argument("--full", action="store_true", help="the larger grid")
+    ap.add_argument("--only", default="", help="comma-separated spec names (default: all)")
+    ap.add_argument("--skip-train", action="store_true", help="only the cluster simulation")
+    ap.add_argument("--out", default=RESULTS, help="results directory")
+    args = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    from . import cluster_runs
+
+    specs = full_specs() if args.full else quick_specs()
+    if args.only:
+        keep = set(args.only.split(","))
+        unknown = keep - {s["name"] for s in specs}
+        if unknown:
+            raise SystemExit(f"unknown spec(s) {sorted(unknown)}; valid: {[s['name'] for s in specs]}")
+        specs = [s for s in specs if s["name"] in keep]
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.monotonic()
+    runs = []
+    if not args.skip_train:
+        total = sum(len(s["methods"]) for s in specs)
+        with tempfile.TemporaryDirectory(prefix="odb_repro_") as wd, tqdm(total=total, desc="training runs",
+                                                                           unit="method") as bar:
+            for s in specs:
+                bar.set_postfix_str(s["name"])
+                runs.append(run_spec(s, wd, on_progress=lambda m: bar.update(1)))
+    sim = cluster_runs.run_all(full=args.full, progress=True)
+    report.write_all(args.out, runs, sim, full=args.full, elapsed_s=time.monotonic() - t_start)
+    print(f"wrote {args.out}/SUMMARY.md in {time.monotonic() - t_start:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

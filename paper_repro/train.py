@@ -1,0 +1,195 @@
+"""The torchrun training worker: every method, side by side, in one process group.
+
+Launch (what `paper_repro.repro` does)::
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 \
+        -m paper_repro.train --spec SPEC.json --out OUT.json
+
+SPEC.json is one `paper_repro.repro.RunSpec` (as a dict): the workload, the
+net, full fine-tuning or LoRA, the token budget, the methods to run.  Every
+method trains a fresh copy of the same net (same init seed) on the same
+samples, for the same number of epochs, with the same learning-rate schedule
+defined on *samples seen* (so a method with bigger batches takes fewer, larger
+steps along the same curve), one after another in this process group so that
+the ratios are measured under the same machine load.
+
+Methods (per rank, `world_size` ranks):
+    standard1   fixed batch of 1 per rank (the paper's public examples), DistributedSampler
+    standardB   fixed "memory-equivalent" batch: budget // cutoff samples per rank
+    gmt / bmt   odb.baselines GlobalMaxTokens / BucketedMaxTokens, fed a length cache
+                that this worker builds first by running the pipeline (its cost is reported)
+    odb_pad     odb.ODBDataLoader(mode="pad")
+    odb_join    odb.ODBDataLoader(mode="join") with DDP `Join` on the model side
+
+Loss: each rank computes the mean next-token loss over its label tokens; ODB
+batches multiply it by ``info.loss_scale`` (global label-token mean after DDP's
+average); fixed batches use the plain per-rank mean (what HF/DDP users get).
+
+Output (rank 0 writes OUT.json): per method, wall time of the training loop
+(evaluation excluded), emitted samples, real and padded tokens, steps, loader
+wait fraction, validation loss at the end of each epoch (equal samples seen
+for every method), per-step (samples seen, train loss) for the loss curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import workloads
+
+__all__ = ["main", "run_method", "METHODS"]
+
+METHODS = ("standard1", "standardB", "gmt", "bmt", "odb_pad", "odb_join")
+
+
+def _lr_at(samples_seen: int, total: int, peak: float, warmup_frac: float = 0.05) -> float:
+    """Warmup then cosine to 10% of peak, as a function of global samples seen."""
+    w = max(1, int(warmup_frac * total))
+    if samples_seen < w:
+        return peak * (samples_seen + 1) / w
+    t = min(1.0, (samples_seen - w) / max(1, total - w))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def _lr_batch_factor(global_samples: int, world_size: int, spec: dict) -> float:
+    """Adam square-root scaling (Malladi et al. 2022): lr * sqrt(global batch / reference),
+    reference = world_size samples (batch 1 per rank), so standard1 runs at the base LR.
+    ``spec["lr_scaling"] = "none"`` turns it off for every method alike."""
+    if spec.get("lr_scaling", "sqrt") == "none" or global_samples <= 0:
+        return 1.0
+    return math.sqrt(global_samples / world_size)
+
+
+@torch.no_grad()
+def evaluate(net, val_batches, rank: int, world_size: int) -> float:
+    """Mean validation loss per label token over the whole validation set (all ranks)."""
+    net.eval()
+    s = torch.zeros(2, dtype=torch.float64)
+    for i, b in enumerate(val_batches):
+        if i % world_size == rank:
+            loss, n = net(b)
+            s += torch.tensor([float(loss), float(n)], dtype=torch.float64)
+    dist.all_reduce(s)  # SYNC: every rank must reach this
+    net.train()
+    return float(s[0] / s[1])
+
+
+def run_method(method: str, spec: dict, rank: int, world_size: int) -> dict:
+    """Train one method for spec["epochs"] epochs; returns this rank's record."""
+    ds_train, ds_val = workloads.build_datasets(spec)
+    val_batches = workloads.val_batches(ds_val, spec)
+    # The source first: it may raise MethodUnavailable, which must happen before any collective.
+    source = workloads.batch_source(method, ds_train, spec, rank, world_size)
+    net = workloads.build_net(spec)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec["lr"], weight_decay=0.0)
+    ddp = DDP(net, find_unused_parameters=False)
+    total = spec["epochs"] * len(ds_train)
+    rec = {"method": method, "steps": 0, "local_samples": 0, "real_tokens": 0, "padded_tokens": 0,
+           "wait_s": 0.0, "train_s": 0.0, "val_loss": [], "curve": [], "setup_s": source.setup_s,
+           "notes": source.notes, "fillers": 0, "over_budget_batches": 0}
+    seen = 0  # global samples seen so far (identical on every rank: from the batch sources' global counts)
+    rec["val_loss"].append((0, evaluate(net, val_batches, rank, world_size)))
+    for epoch in range(spec["epochs"]):
+        dist.barrier()  # SYNC: every rank must reach this
+        t0 = time.perf_counter()
+        if hasattr(ds_train, "set_epoch"):
+            ds_train.set_epoch(epoch)  # a new augmentation draw every epoch, for every method
+        with source.join_context(ddp):
+            it = iter(source.epoch(epoch))
+            while True:
+                tw = time.perf_counter()
+                try:
+                    batch, meta = next(it)
+                except StopIteration:
+                    break
+                rec["wait_s"] += time.perf_counter() - tw
+                lr = _lr_at(seen, total, spec["lr"]) * _lr_batch_factor(meta["global_samples"], world_size, spec)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                loss_sum, n = ddp(batch)
+                loss = loss_sum / max(1, n) * meta["scale"]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                seen += meta["global_samples"]
+                rec["steps"] += 1
+                rec["fillers"] += int(meta["filler"])
+                rec["local_samples"] += meta["local_samples"]
+                rec["real_tokens"] += meta["real_tokens"]
+                rec["padded_tokens"] += meta["padded_tokens"]
+                rec["over_budget_batches"] += int(meta["padded_tokens"] > spec["budget"] and meta["local_samples"] > 1)
+                if not meta["filler"]:
+                    rec["curve"].append((seen, float(loss_sum.detach()) / max(1, n)))
+        rec["train_s"] += time.perf_counter() - t0
+        # Every sample was seen exactly once per epoch by every method here; use the exact count.
+        seen = (epoch + 1) * len(ds_train)
+        rec["val_loss"].append((seen, evaluate(net, val_batches, rank, world_size)))
+    return rec
+
+
+def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
+    """Combine the ranks' records into one method record (rank 0)."""
+    r0 = dict(recs[0])
+    out = {k: r0[k] for k in ("method", "val_loss", "setup_s", "notes")}
+    out["wall_s"] = max(r["train_s"] for r in recs)
+    for k in ("local_samples", "real_tokens", "padded_tokens", "fillers", "over_budget_batches"):
+        out[k.replace("local_", "")] = sum(r[k] for r in recs)
+    out["steps"] = max(r["steps"] for r in recs)
+    out["steps_per_rank"] = [r["steps"] for r in recs]
+    out["wait_frac"] = max(r["wait_s"] for r in recs) / max(1e-9, out["wall_s"])
+    out["samples_per_s"] = out["samples"] / out["wall_s"]
+    out["real_tok_per_s"] = out["real_tokens"] / out["wall_s"]
+    out["padded_tok_per_s"] = out["padded_tokens"] / out["wall_s"]
+    out["expected_samples"] = num_train * epochs
+    out["curve"] = recs[0]["curve"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", required=True, help="RunSpec JSON file")
+    ap.add_argument("--out", required=True, help="result JSON file (written by rank 0)")
+    args = ap.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.get("timeout_s", 120)))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    results = {"spec": spec, "world_size": world_size, "methods": {}}
+    try:
+        for m in spec["methods"]:
+            try:
+                rec = run_method(m, spec, rank, world_size)
+                err = None
+            except workloads.MethodUnavailable as e:
+                rec, err = None, str(e)
+            recs = [None] * world_size
+            dist.all_gather_object(recs, (rec, err))  # SYNC: every rank must reach this
+            errs = [e for _, e in recs if e]
+            if errs:
+                results["methods"][m] = {"method": m, "unavailable": errs[0]}
+            else:
+                results["methods"][m] = _merge([r for r, _ in recs], spec["num_train"], spec["epochs"])
+            if rank == 0:
+                print(json.dumps({"progress": m}), flush=True)
+        if rank == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(results, f)
+            os.replace(tmp, args.out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
