@@ -1,0 +1,192 @@
+"""Auxiliary inductive invariant and ranking measures of the DGAP proofs (all N).
+
+These formulas are proof artefacts, not protocol properties: the properties are
+`models.properties.PROPERTIES`; the conjuncts below are what makes them provable
+by induction.  They are written in the same formula language (`models.logic`
+over `odb.protocol.expr`), so the explicit engine can evaluate them too, and
+every conjunct must hold on every reachable state (checked at small N by
+`tests/test_interpreters_agree.py`).
+
+Extra symbol: ``GV("R")`` is the rounds bound, a rigid symbol constrained by
+`rounds_axiom`: R >= d_j + 1 for every rank (pad, join) or for some rank
+(quota).  A conjunct that holds for every such R holds for the smallest one,
+R = max_i d_i + 1 (pad, join) or min_i d_i + 1 (quota).
+
+Names used below: `TGT` and `STOP` restate the table's decision over the
+mailbox of the last completed collective (an auxiliary fact the invariant
+carries about the rounds; the transitions themselves always come from the table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.logic import GV, RF, Exists, Forall
+from odb.protocol.expr import (
+    Const, Expr, and_, eq, ge, gt, implies, ite, le, mn, mx, ne, not_, or_,
+)
+from odb.protocol.table import DONE, EMIT, FILL, JOIN, PAD, QUOTA, WAIT
+
+__all__ = ["Conjunct", "INVARIANT", "for_mode", "MEASURE", "FETCH_BUDGET", "ROUND_INDEX", "ROUND_BUDGET",
+           "TGT", "STOP", "NEVER_FIRES", "rounds_bound_value"]
+
+ALL = (PAD, JOIN, QUOTA)
+
+
+@dataclass(frozen=True)
+class Conjunct:
+    name: str
+    formula: Expr
+    doc: str
+    modes: tuple[int, ...] = ALL
+
+
+def f(name: str, i: str = "i") -> RF:
+    return RF(i, name)
+
+
+def at(phase: int, i: str = "i") -> Expr:
+    return eq(f("ph", i), phase)
+
+
+def every(body: Expr, i: str = "i") -> Forall:
+    return Forall(i, body)
+
+
+W, K, MODE, R = GV("W"), GV("k"), GV("mode"), GV("R")
+MAX_N, MIN_N, MIN_POS_N, PROPOSAL = GV("max_n"), GV("min_n"), GV("min_pos_n"), GV("proposal")
+HI = ite(eq(MODE, PAD), MAX_N, ite(eq(MODE, JOIN), MIN_POS_N, MIN_N))
+TGT = mx(Const(1), mn(PROPOSAL, HI))
+"""The target every rank decided in the last completed collective."""
+STOP = ite(eq(MODE, QUOTA), eq(MIN_N, 0), eq(MAX_N, 0))
+"""The last completed collective said stop."""
+
+
+def posted(i: str = "i") -> Expr:
+    return and_(at(WAIT, i), eq(f("posted", i), 1))
+
+
+def pending(i: str = "i") -> Expr:
+    """In WAIT, its collective completed, not yet returned."""
+    return and_(at(WAIT, i), eq(f("posted", i), 0))
+
+
+def drained(i: str = "i") -> Expr:
+    return and_(f("x", i), eq(f("buf", i), 0))
+
+
+def base(i: str) -> Expr:
+    """Batches of rank i in the rounds every rank has finished emitting (pad, quota)."""
+    in_round = ite(at(EMIT, i), f("k", i), Const(0))
+    last = ite(and_(or_(at(FILL, i), posted(i)), ge(K, 1)), TGT, Const(0))
+    return f("nb", i) - in_round - last
+
+
+INVARIANT: tuple[Conjunct, ...] = (
+    # -- shape of a round ------------------------------------------------------
+    Conjunct("k_nonneg", ge(K, 0), "collectives completed"),
+    Conjunct("counters_nonneg", every(and_(ge(f("rd"), 0), ge(f("em"), 0), ge(f("nb"), 0), ge(f("d"), 0))),
+             "rounds, emitted samples and batches, and shard sizes are never negative"),
+    Conjunct("phase_domain", every(or_(at(FILL), at(WAIT), at(EMIT), at(DONE))), "ph is a phase"),
+    Conjunct("fill_at_round_k", every(implies(at(FILL), and_(eq(f("rd"), K), eq(f("posted"), 0)))),
+             "a filling rank is at the current round and has not posted"),
+    Conjunct("wait_posted_or_pending", every(implies(at(WAIT), or_(
+        and_(eq(f("rd"), K), eq(f("posted"), 1)), and_(eq(f("rd") + 1, K), eq(f("posted"), 0))))),
+        "a waiting rank has posted for round k, or round rd has completed and it has not returned"),
+    Conjunct("emit_at_round_k", every(implies(at(EMIT), and_(eq(f("rd"), K), eq(f("posted"), 0), ge(K, 1)))),
+             "an emitting rank has returned from the last collective"),
+    Conjunct("done_at_round_k", every(implies(at(DONE), and_(eq(f("rd"), K), eq(f("posted"), 0), ge(K, 1)))),
+             "a finished rank has returned from the last collective"),
+    Conjunct("posted_header", every(implies(eq(f("posted"), 1), and_(
+        eq(f("pn"), f("buf")), eq(f("pshape"), GV("header_len"))))),
+        "a header in the mailbox is the rank's window, in the fixed shape"),
+    Conjunct("wait_full_or_exhausted", every(implies(at(WAIT), or_(eq(f("buf"), W), f("x")))),
+             "a rank posts only a full window or once its source is exhausted"),
+    # -- the decision ---------------------------------------------------------
+    Conjunct("mailbox_proposal", implies(ge(K, 1), and_(ge(PROPOSAL, 1), le(PROPOSAL, W))),
+             "the last proposal is within the table's bounds"),
+    Conjunct("mailbox_aggregates", implies(ge(K, 1), and_(ge(MIN_N, 0), le(MIN_N, MAX_N))),
+             "the last aggregates come from real windows (never negative)"),
+    Conjunct("pending_in_mailbox", every(implies(pending(), and_(
+        le(MIN_N, f("buf")), le(f("buf"), MAX_N), implies(gt(f("buf"), 0), le(MIN_POS_N, f("buf")))))),
+        "a rank that has not returned holds the window it posted, so the aggregates bound it"),
+    Conjunct("emit_target", every(implies(at(EMIT), and_(eq(f("T"), TGT), not_(STOP)))),
+             "an emitting rank works to the decided target of the last collective"),
+    Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)), not_(STOP))),
+             "a rank past the last collective into a new round saw a go"),
+    Conjunct("done_after_stop", every(implies(at(DONE), STOP)), "a finished rank saw a stop"),
+    # -- a round's batches ----------------------------------------------------
+    Conjunct("emit_counts", every(implies(at(EMIT), and_(
+        ge(f("nreal"), 0), ge(f("nfill"), 0), ge(f("k"), 0), le(f("nreal"), f("pend")),
+        implies(eq(f("nreal"), 0), eq(f("pend"), 0)), le(f("T"), W)))),
+        "pending samples fill the remaining real batches; T <= W"),
+    Conjunct("idle_counts", every(implies(not_(at(EMIT)), and_(
+        eq(f("pend"), 0), eq(f("nreal"), 0), eq(f("nfill"), 0)))),
+        "outside EMIT nothing is owed"),
+    Conjunct("no_fillers_unless_pad", implies(ne(MODE, PAD), every(eq(f("nfill"), 0))),
+             "join and quota never owe fillers"),
+    Conjunct("emit_sum", every(implies(at(EMIT), eq(f("k") + f("nreal") + f("nfill"), f("T")))),
+             "pad, quota: the round's batches add up to T", modes=(PAD, QUOTA)),
+    Conjunct("emit_sum_join", every(implies(at(EMIT), or_(
+        eq(f("k") + f("nreal") + f("nfill"), f("T")),
+        and_(eq(f("k"), 0), eq(f("nreal"), 0), eq(f("nfill"), 0), eq(f("buf"), 0))))),
+        "join: T batches, or none from an empty window", modes=(JOIN,)),
+    Conjunct("equal_base", Forall("i", Forall("j", eq(base("i"), base("j")))),
+             "pad, quota: every rank has emitted the same batches in every finished round",
+             modes=(PAD, QUOTA)),
+    # -- samples --------------------------------------------------------------
+    Conjunct("window", every(and_(ge(f("buf"), 0), le(f("buf"), W), ge(f("pend"), 0), le(f("pend"), f("buf")))),
+             "0 <= pend <= buf <= W"),
+    Conjunct("source", every(and_(ge(f("src"), 0), implies(f("x"), eq(f("src"), 0)))),
+             "a source never goes negative and is empty once it said so"),
+    Conjunct("accounting", every(eq(f("em") + f("buf") + f("src"), f("d"))), "emitted + held + left = shard"),
+    Conjunct("samples_per_batch", implies(ne(MODE, PAD), every(ge(f("em"), f("nb")))),
+             "join, quota: every batch is real and holds a sample"),
+    Conjunct("done_drained", every(implies(at(DONE), drained())),
+             "pad, join: a finished rank holds nothing and its source is empty", modes=(PAD, JOIN)),
+    Conjunct("quota_stop_witness", implies(and_(ge(K, 1), eq(MIN_N, 0)), Exists("j", drained("j"))),
+             "quota: a stop was caused by a drained rank", modes=(QUOTA,)),
+    # -- progress (rounds bound) ------------------------------------------------
+    Conjunct("progress_between_rounds", every(implies(or_(at(FILL), at(WAIT)),
+                                                      or_(drained(), ge(f("em"), f("rd"))))),
+             "a rank with data has emitted at least one sample in every round it finished"),
+    Conjunct("progress_in_round", every(implies(at(EMIT), or_(
+        and_(drained(), eq(f("pend"), 0)), ge(f("em") + f("pend"), f("rd"))))),
+        "a rank with data emits at least one sample in every go round"),
+    Conjunct("rounds_bounded", and_(le(K, R), implies(and_(ge(K, 1), not_(STOP)), le(K + 1, R))),
+             "at most R collectives; a go at collective k leaves room for one more"),
+)
+
+
+def for_mode(mode: int) -> list[Conjunct]:
+    return [c for c in INVARIANT if mode in c.modes]
+
+
+# -- ranking (termination) and transition budgets, per rank "i" ------------------
+MEASURE: tuple[tuple[str, Expr], ...] = (
+    ("rounds_left", R - f("rd")),
+    ("phase", ite(at(EMIT), Const(3), ite(at(FILL), Const(2), ite(at(WAIT), Const(1), Const(0))))),
+    ("in_phase", ite(at(FILL), (W - f("buf")) + ite(f("x"), Const(0), Const(1)),
+                     ite(at(EMIT), f("nreal") + f("nfill"), Const(0)))),
+)
+"""Lexicographic measure of rank i: every local row at i decreases it, complete leaves it."""
+
+FETCH_BUDGET = f("src") + ite(f("x"), Const(0), Const(1))
+"""Fetches rank i can still make: each fetch row lowers it by one; d_i + 1 initially."""
+
+ROUND_INDEX = ite(or_(at(EMIT), at(DONE)), f("rd") - 1, f("rd"))
+"""The round rank i is in: a round runs FILL, WAIT, return, EMIT, end_round."""
+
+ROUND_BUDGET = ite(at(FILL), W + 3, ite(at(WAIT), W + 2, ite(at(EMIT), f("nreal") + f("nfill") + 1, Const(0))))
+"""Non-fetch rows rank i may still fire in its round (W + 3 at the round's start)."""
+
+NEVER_FIRES: dict[int, dict[str, str]] = {
+    JOIN: {"emit_filler": "fillers are a pad-only device (nfill = 0 in join)"},
+    QUOTA: {"emit_filler": "fillers are a pad-only device (nfill = 0 in quota)"},
+}
+"""Rows that cannot fire in a mode, by design; non-vacuity checks that they indeed cannot."""
+
+
+def rounds_bound_value(mode: int, data: tuple[int, ...]) -> int:
+    """The tight R for a concrete data vector: max d + 1 (pad, join), min d + 1 (quota)."""
+    return (min(data) if mode == QUOTA else max(data)) + 1
