@@ -67,6 +67,7 @@ class Exploration:
     traps: list = field(default_factory=list)              # states that cannot reach all-DONE
     num_traps: int = 0
     longest_path: int | None = None
+    rounds_exceeded: int | None = None                     # first state past `round_bound`
     per_vector: dict = field(default_factory=dict)         # d -> {"longest": , "max_rounds": , "min_rounds": }
     # the graph, kept for counterexamples (dropped with `drop_graph`)
     fm: FastModel | None = None
@@ -109,12 +110,16 @@ def _props(table: Table, mode: int, model: Model):
 
 
 def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symmetry: bool = True,
-            max_states: int = 5_000_000, policy=None) -> Exploration:
+            max_states: int = 5_000_000, policy=None, round_bound=None) -> Exploration:
     """Explore every reachable state for `n` ranks (see the module docstring).
 
     Deterministic: the same arguments give the same counts and counterexamples.
     `policy(fm, state, transitions) -> transitions` restricts the choices (the
     confluence check); without it every allowed choice is explored.
+    `round_bound(d) -> int` (d: the sorted data vector) is the claimed maximum
+    number of collectives; a state past it is recorded in `rounds_exceeded`
+    and not expanded, so a table with unbounded rounds still gives a finite
+    search and a shortest counterexample.
     """
     t0 = time.perf_counter()
     model = Model(table, W=w, mode=mode)
@@ -140,6 +145,7 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     parent: list[int] = []
     plabel: list = []
     level: list[int] = []
+    bound: list[int] = []
     succs: list = []
     for s in inits:
         if s not in index:
@@ -148,10 +154,14 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
             parent.append(-1)
             plabel.append(None)
             level.append(0)
+            sysv = fm.to_sys(s) if symmetry else s
+            d = tuple(sorted(sysv.rank_value(r, "d") for r in range(sysv.n)))
+            bound.append(round_bound(d) if round_bound else 1 << 60)
 
     seen_keys: set = set()
     need_globals = any(c.reads_globals for _, c in props)
     rank_of = fm.rank_of
+    num_nondet = 0
     i = 0
     while i < len(states):
         s = states[i]
@@ -178,13 +188,13 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
                 if c.fn(ranks, glob):
                     res.sometimes_found[name] = i
                     del sometimes[name]
-        # -- local determinism -------------------------------------------------
-        if symmetry:
-            for rid in set(s[0]):
-                rows = fm.enabled_rows(rid, s[1], s[2])
-                if len(rows) > 1 and len(res.nondeterministic) < 5:
-                    res.nondeterministic.append((i, rid, rows))
         # -- successors ----------------------------------------------------------
+        if (s[1] if symmetry else s.k) > bound[i]:
+            if res.rounds_exceeded is None:
+                res.rounds_exceeded = i
+            succs.append([])
+            i += 1
+            continue
         out = []
         trans = succ_fn(s) if policy is None else policy(fm, s, list(succ_fn(s)))
         for actor, row, params, t in trans:
@@ -196,9 +206,15 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
                 parent.append(i)
                 plabel.append((actor, row, params))
                 level.append(level[i] + 1)
+                bound.append(bound[i])
             out.append(j)
             fires[row] += 1
         succs.append(out)
+        if len(fm.nondeterministic) > num_nondet:  # this state's expansion met a new nondeterministic rank
+            for rid, rows in fm.nondeterministic[num_nondet:]:
+                if len(res.nondeterministic) < 5:
+                    res.nondeterministic.append((i, rid, rows))
+            num_nondet = len(fm.nondeterministic)
         if not out:
             res.sinks += 1
             res.sink_list.append(i)
@@ -215,10 +231,9 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
         # local determinism on the unreduced graph, from the same memo as the reduced one
         for s in states[:i]:
             for r in s.ranks:
-                rid = fm.intern(r)
-                rows = fm.enabled_rows(rid, s.k, s.mb)
+                rows = fm.enabled_rows(fm.intern(r), s.k, s.mb)
                 if len(rows) > 1 and len(res.nondeterministic) < 5:
-                    res.nondeterministic.append((index[s], rid, rows))
+                    res.nondeterministic.append((index[s], fm.intern(r), rows))
 
     res.states = len(states)
     res.transitions = sum(len(o) for o in succs)

@@ -61,6 +61,7 @@ class FastModel:
         self._enabled: dict[tuple, tuple] = {}
         self._cfg_items = tuple(sorted(model.cfg.items()))
         self.local_calls = 0
+        self.nondeterministic: list[tuple[int, tuple]] = []  # (rank id, rows) with several rows enabled
 
     # -- interning -------------------------------------------------------------
     def intern(self, rank: tuple) -> int:
@@ -96,7 +97,11 @@ class FastModel:
 
     # -- transitions -------------------------------------------------------------
     def local(self, rid: int, k: int, mb: tuple) -> list:
-        """Memoised local successors of rank `rid`: ``[(row, params, new_id)]``."""
+        """Memoised local successors of rank `rid`: ``[(row, params, new_id)]``.
+
+        Each new ``(rid, k, mb)`` is also checked for local determinism (at most
+        one enabled row); violations are appended to `nondeterministic`.
+        """
         key = (rid, k, mb)
         out = self._local.get(key)
         if out is None:
@@ -105,6 +110,9 @@ class FastModel:
             out = [(lab.row, lab.params, self.intern(t.ranks[0]))
                    for lab, t in self.model.local_successors(one, 0)]
             self._local[key] = out
+            rows = self.enabled_rows(rid, k, mb)
+            if len(rows) > 1:
+                self.nondeterministic.append((rid, rows))
         return out
 
     def successors(self, s: FastState) -> Iterator[tuple]:
@@ -120,7 +128,7 @@ class FastModel:
                 lst.sort()
                 yield rid, row, params, (tuple(lst), k, mb)
         waiting = self._waiting
-        if all(waiting[i] for i in ids):
+        if waiting[ids[0]] and all(waiting[i] for i in ids):
             full = self.to_sys(s)
             for lab, t in self.model.env_successors(full):
                 yield None, lab.row, lab.params, (tuple(sorted(self.intern(r) for r in t.ranks)), t.k,

@@ -1,0 +1,199 @@
+"""Every explicit-state verdict for one scope: what `python -m proofs verify` reports.
+
+Legend
+    scope    `models.scopes.Scope` (N <= n_max, D <= d_max, W = w, modes)
+    waiver   a row that cannot fire in a mode, stated as data (`COVERAGE_WAIVERS`);
+             a waived row that does fire is a failure too (the waiver is wrong)
+    rounds   collectives until every rank is DONE; their closed form per mode is
+             `ROUNDS_CLOSED_FORM` (the symbolic engine's ranking bound)
+
+For each mode and each N in 1..n_max, `check_scope` explores every reachable
+state (`explore.explore`) and folds the runs into one `Verdict` per property and
+mode: the ``always`` and ``sometimes`` properties of `models.properties` and the
+engine properties of `models.properties.ENGINE_PROPERTIES`.  A truncated search
+fails every verdict of its mode (INCOMPLETE).  Failures carry the shortest
+counterexample as a step table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from models.properties import ENGINE_PROPERTIES, for_mode
+from models.scopes import Scope
+from odb.protocol.table import DGAP, JOIN, PAD, QUOTA, Table
+
+from ..verdict import Verdict
+from .confluence import POLICIES, check_confluence
+from .explore import MODE_NAMES, Exploration, explore
+from .trace import counterexample
+
+__all__ = ["COVERAGE_WAIVERS", "ROUNDS_CLOSED_FORM", "ScopeResult", "check_scope", "METHOD"]
+
+METHOD = "explicit BFS"
+
+COVERAGE_WAIVERS: dict[int, dict[str, str]] = {
+    JOIN: {"emit_filler": "JOIN sets nfill := 0 at return_go: fillers exist only in PAD"},
+    QUOTA: {"emit_filler": "QUOTA sets nfill := 0 at return_go: fillers exist only in PAD"},
+}
+
+ROUNDS_CLOSED_FORM = {
+    PAD: ("max_i d_i + 1", lambda d: max(d) + 1),
+    JOIN: ("max_i d_i + 1", lambda d: max(d) + 1),
+    QUOTA: ("min_i d_i + 1", lambda d: min(d) + 1),
+}
+
+
+@dataclass
+class ScopeResult:
+    """Verdicts, per-run figures and counterexamples of one scope."""
+
+    scope: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)          # one per (mode, N)
+    counterexamples: list[tuple[str, str]] = field(default_factory=list)  # ("property/mode", step table)
+    worst_case: list[dict] = field(default_factory=list)     # per (mode, N, data vector)
+
+
+def _run_figures(r: Exploration) -> dict:
+    return {"mode": MODE_NAMES[r.mode], "n": r.n, "d_max": r.d_max, "w": r.w, "states": r.states,
+            "transitions": r.transitions, "depth": r.depth, "sinks": r.sinks,
+            "longest_path": r.longest_path, "seconds": round(r.seconds, 3), "truncated": r.truncated,
+            "fires": dict(r.fires)}
+
+
+def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: ScopeResult,
+          max_cex: int) -> None:
+    """One verdict per property for `mode` from the runs N = 1..n_max."""
+    m = MODE_NAMES[mode]
+    secs = sum(r.seconds for r in runs)
+    states = sum(r.states for r in runs)
+    depth = max(r.depth for r in runs)
+    incomplete = [r.n for r in runs if r.truncated]
+
+    def verdict(name: str, ok: bool, detail: str = "", kind: str = "holds", fail: str = "failed", **extra):
+        res = kind if ok else fail
+        if incomplete:
+            res, detail = "unknown", f"INCOMPLETE: search truncated at N={incomplete}; " + detail
+        out.verdicts.append(Verdict(name, METHOD, scope, m, res, round(secs, 3), states, depth, detail, extra))
+
+    def cex(r: Exploration, idx: int, title: str, deadlock: bool = False, prop: str = "") -> str:
+        if len(out.counterexamples) < max_cex:
+            key = f"{prop or title.split()[-1]}/{m}"
+            out.counterexamples.append((key, counterexample(r, idx, deadlock=deadlock, title=title)))
+        return f"N={r.n}: shortest counterexample {len(r.path(idx)) - 1} steps"
+
+    for p in for_mode(mode):
+        if p.kind == "always":
+            bad = next((r for r in runs if p.name in r.always_fail), None)
+            detail = cex(bad, bad.always_fail[p.name], f"VIOLATION {p.name}", prop=p.name) if bad else ""
+            verdict(p.name, bad is None, detail)
+        else:
+            hit = next((r for r in runs if p.name in r.sometimes_found), None)
+            detail = f"N={hit.n}: witness at depth {len(hit.path(hit.sometimes_found[p.name])) - 1}" if hit else \
+                "no reachable witness in scope"
+            verdict(p.name, hit is not None, detail, kind="found", fail="not found")
+    # -- engine properties --------------------------------------------------------
+    bad = next((r for r in runs if r.num_deadlocks), None)
+    verdict("deadlock_free", bad is None,
+            cex(bad, bad.deadlocks[0], "DEADLOCK", deadlock=True, prop="deadlock_free") if bad else
+            f"every sink is all-DONE ({sum(r.sinks for r in runs)} sinks)")
+    bad = next((r for r in runs if r.cycle is not None), None)
+    over = next((r for r in runs if r.rounds_exceeded is not None), None)
+    lp = {r.n: r.longest_path for r in runs}
+    if bad:
+        detail = cex(bad, bad.cycle[0], "CYCLE (reaches a state that returns to itself)",
+                     prop="bounded_termination")
+    elif over:
+        detail = cex(over, over.rounds_exceeded, f"ROUNDS EXCEED {ROUNDS_CLOSED_FORM[mode][0]}",
+                     prop="bounded_termination")
+    else:
+        detail = f"acyclic; longest path (transitions) per N: {lp}"
+    verdict("bounded_termination", bad is None and over is None, detail, longest_path=lp)
+    bad = next((r for r in runs if r.num_traps), None)
+    verdict("completion_possible", bad is None,
+            cex(bad, bad.traps[0], "TRAP (all-DONE unreachable from here)", prop="completion_possible") if bad else
+            "all-DONE reachable from every reachable state")
+    bad = next((r for r in runs if r.nondeterministic), None)
+    if bad:
+        idx, rid, rows = bad.nondeterministic[0]
+        detail = cex(bad, idx, f"NONDETERMINISM rows {list(rows)} enabled together", prop="local_determinism")
+    else:
+        detail = "at most one enabled row per rank in every reachable state"
+    verdict("local_determinism", bad is None, detail)
+    fires = {name: sum(r.fires.get(name, 0) for r in runs) for name in [x.name for x in table.rows] + ["complete"]}
+    waived = COVERAGE_WAIVERS.get(mode, {})
+    never = sorted(k for k, v in fires.items() if v == 0 and k not in waived)
+    wrong = sorted(k for k in waived if fires.get(k, 0) > 0)
+    verdict("every_row_fires", not never and not wrong,
+            (f"never fired: {never}; " if never else "") + (f"waived but fired: {wrong}; " if wrong else "") +
+            (f"waived: {sorted(waived)}" if waived else "every row fired"), fires=fires)
+    # -- exact worst case: rounds per data vector against the closed form ------------
+    formula, fn = ROUNDS_CLOSED_FORM[mode]
+    off = []
+    for r in runs:
+        for d, e in sorted(r.per_vector.items()):
+            out.worst_case.append({"mode": m, "n": r.n, "d": list(d), **e, "closed_form": fn(d)})
+            if e["max_rounds"] != fn(d):
+                off.append((r.n, d, e["max_rounds"], fn(d)))
+    verdict("worst_case_rounds_match_closed_form",
+            not off and over is None and all(r.per_vector for r in runs),
+            f"max rounds == {formula} for every data vector" if not off else
+            f"differs (N, d, max rounds, closed form): {off[:4]}", formula=formula)
+
+
+def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | None = None,
+                max_states: int = 5_000_000, max_cex: int = 20, log=None) -> ScopeResult:
+    """All explicit verdicts of `scope` (see the module docstring).
+
+    `confluence_n_max` bounds N for the confluence runs (default: the scope's
+    n_max).  `log(str)` receives one progress line per run.
+    """
+    out = ScopeResult(scope=str(scope))
+    for mode in scope.modes:
+        runs = []
+        for n in range(1, scope.n_max + 1):
+            r = explore(n, scope.d_max, scope.w, mode, table=table, max_states=max_states,
+                        round_bound=ROUNDS_CLOSED_FORM[mode][1])
+            runs.append(r)
+            out.runs.append(_run_figures(r))
+            if log:
+                log(f"  {MODE_NAMES[mode]:5} N={n}: {r.states} states, {r.transitions} transitions, "
+                    f"depth {r.depth}, {r.seconds:.2f} s")
+        _fold(mode, runs, str(scope), table, out, max_cex)
+        for r in runs:
+            r.drop_graph()
+        del runs
+        _confluence(scope, mode, table, out, confluence_n_max or scope.n_max, log, max_states)
+    return out
+
+
+def _confluence(scope: Scope, mode: int, table: Table, out: ScopeResult, n_max: int, log,
+                max_states: int) -> None:
+    t0 = time.perf_counter()
+    states, bad, trunc, vectors = 0, [], False, 0
+    for n in range(1, n_max + 1):
+        for kind in POLICIES:
+            c = check_confluence(n, scope.d_max, scope.w, mode, kind, table=table,
+                                 round_bound=ROUNDS_CLOSED_FORM[mode][1], max_states=max_states)
+            states += c["states"]
+            vectors += c["vectors"]
+            trunc |= c["truncated"]
+            bad += [(kind, n, d, o) for d, o in c["bad"].items()]
+    secs = time.perf_counter() - t0
+    sc = f"N<={n_max}, D<={scope.d_max}, W={scope.w}"
+    if trunc:
+        res, detail = "unknown", "INCOMPLETE: search truncated"
+    elif bad:
+        res, detail = "failed", "several outcomes (policy, N, d, outcomes): " + "; ".join(map(str, bad[:3]))
+    else:
+        res, detail = "holds", f"one outcome per data vector for policies {list(POLICIES)} ({vectors} checks)"
+    out.verdicts.append(Verdict("confluent", METHOD + " (deterministic policies)", sc, MODE_NAMES[mode], res,
+                                round(secs, 3), states, None, detail))
+    if log:
+        log(f"  {MODE_NAMES[mode]:5} confluence N<={n_max}: {states} states, {secs:.2f} s")
+
+
+assert set(ENGINE_PROPERTIES) <= {"deadlock_free", "bounded_termination", "completion_possible", "confluent",
+                                   "local_determinism", "every_row_fires"}, "an engine property has no check here"

@@ -1,0 +1,147 @@
+"""Seeded mutants of the DGAP table, each with the check expected to kill it.
+
+Legend
+    Mutant.build   returns the mutated table, derived from `DGAP` by
+                   `Table.replace_row`, by replacing lets, or by adding one row
+                   built from an existing one (never a hand-copied table)
+    expected       the property (verdict name) that must fail on the mutant
+    validate       False when the mutant breaks a rule `Table.validate` enforces
+                   (the check is bypassed on purpose: the engines must still catch it)
+
+Each mutant is a bug a real implementation could have; the catalogue answers
+"do the checks have teeth?".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from odb.protocol.expr import Cfg, Const, Expr, Field, Input, Let, Param, and_, eq, ge, gt, ite, le, mn, mx, not_
+from odb.protocol.table import DGAP, DONE, JOIN, PAD, QUOTA, Choice, Effect, Table
+
+__all__ = ["Mutant", "MUTANTS", "by_name"]
+
+W, MODE = Cfg("W"), Cfg("mode")
+buf, x, rd, nreal, pend = Field("buf"), Field("x"), Field("rd"), Field("nreal"), Field("pend")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    doc: str
+    build: Callable[[], Table]
+    expected: str
+    validate: bool = True
+
+    def table(self) -> Table:
+        t = self.build()
+        if t.hash == DGAP.hash:
+            raise AssertionError(f"mutant {self.name} does not change the table")
+        if self.validate:
+            t.validate()
+        return t
+
+
+def _let(table: Table, name: str, e: Expr) -> Table:
+    if name not in table.let_map:
+        raise KeyError(f"no let {name!r}; lets: {list(table.let_map)}")
+    return replace(table, lets=tuple((n, e if n == name else v) for n, v in table.lets))
+
+
+def _updates(table: Table, row: str, **changes: Expr | None) -> Table:
+    """Row `row` with some updates replaced (an Expr) or dropped (None)."""
+    ups = []
+    for n, e in table.row(row).updates:
+        if n in changes:
+            if changes[n] is not None:
+                ups.append((n, changes[n]))
+        else:
+            ups.append((n, e))
+    ups += [(n, e) for n, e in changes.items() if e is not None and n not in dict(table.row(row).updates)]
+    return table.replace_row(row, updates=tuple(ups))
+
+
+def _choice(table: Table, row: str, name: str, **bounds: Expr) -> Table:
+    cs = tuple(replace(c, **bounds) if c.name == name else c for c in table.row(row).choices)
+    return table.replace_row(row, choices=cs)
+
+
+def _leave_early() -> Table:
+    # a rank whose window is empty and whose source is exhausted returns before the next
+    # round's collective (a rank-local branch before a collective whose condition is global)
+    end = DGAP.row("end_round")
+    early = and_(eq(buf, 0), x)
+    t = DGAP.replace_row("end_round", guard=and_(end.guard, not_(early)))
+    leave = replace(end, name="leave_early", guard=and_(end.guard, early), phase_to=DONE,
+                    doc="mutant: return without posting when nothing is left locally")
+    return replace(t, rows=t.rows + (leave,))
+
+
+def _post_shape_local() -> Table:
+    post = DGAP.row("post_header")
+    return DGAP.replace_row("post_header", effect=replace(post.effect, shape=buf))
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("leave_when_source_exhausted",
+           "see_exhausted moves to DONE: a rank leaves when its data runs out, without posting",
+           lambda: DGAP.replace_row("see_exhausted", phase_to=DONE), "deadlock_free"),
+    Mutant("leave_early_before_collective",
+           "end_round -> DONE when buf == 0 and x: a local early return before a global collective",
+           _leave_early, "deadlock_free"),
+    Mutant("stop_from_all_exhausted",
+           "the header posts 0 once the source is exhausted, so the stop reads 'all exhausted' "
+           "instead of max_n == 0: carried samples are discarded when every rank finishes",
+           lambda: DGAP.replace_row("post_header", effect=replace(
+               DGAP.row("post_header").effect, payload=(("n", ite(x, Const(0), buf)),))),
+           "nothing_left_at_end"),
+    Mutant("stop_clears_carry",
+           "stop when some window is empty (min_n == 0) in every mode, and return_stop clears buf",
+           lambda: _updates(_let(DGAP, "stop", eq(Input("min_n"), 0)), "return_stop", buf=Const(0)),
+           "samples_accounted"),
+    Mutant("target_from_own_window",
+           "the target reads the rank's own buf instead of the gathered max_n/min_n (Table.validate bypassed)",
+           lambda: _let(DGAP, "target", mx(Const(1), mn(Input("proposal"), buf))),
+           "ranks_agree_on_target", validate=False),
+    Mutant("round_counter_plus_two",
+           "return_go advances the round counter by 2 (off by one)",
+           lambda: _updates(DGAP, "return_go", rd=rd + 2), "ranks_within_one_round"),
+    Mutant("header_shape_from_local_state",
+           "the posted header's shape is buf instead of a cfg constant (Table.validate bypassed)",
+           _post_shape_local, "posted_headers_match", validate=False),
+    Mutant("take_allows_empty_batches",
+           "emit_group's take lower bound is 0: a real batch may be empty and samples are never drained",
+           lambda: _choice(DGAP, "emit_group", "take", lo=Const(0)), "bounded_termination"),
+    Mutant("fillers_in_join",
+           "return_go owes fillers in every mode (nfill := target - real), JOIN included",
+           lambda: _updates(DGAP, "return_go", nfill=Let("target") - mn(Let("target"), buf)),
+           "every_row_fires"),
+    Mutant("quota_hi_is_max_n",
+           "QUOTA clamps the target by max_n instead of min_n",
+           lambda: _let(DGAP, "hi", ite(eq(MODE, JOIN), Input("min_pos_n"), Input("max_n"))),
+           "round_emits_target"),
+    Mutant("fetch_without_window_guard",
+           "take_sample lacks buf < W: the window overflows and fetching races with posting",
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), Input("src_has"))),
+           "window_bounded"),
+    Mutant("use_lower_bound_zero",
+           "return_go lets the grouping pick use = 0 while real batches are owed",
+           lambda: _choice(DGAP, "return_go", "use", lo=Const(0)), "deadlock_free"),
+    Mutant("emit_forgets_buf_update",
+           "emit_group forgets buf -= take (a missing frame update)",
+           lambda: _updates(DGAP, "emit_group", buf=None), "samples_accounted"),
+    Mutant("pad_without_fillers",
+           "return_go never owes fillers (nfill := 0): PAD ranks short of samples emit fewer batches",
+           lambda: _updates(DGAP, "return_go", nfill=Const(0)), "round_emits_target"),
+    Mutant("post_only_when_full",
+           "post_header requires a full window (drops 'or x'): an exhausted rank never posts",
+           lambda: DGAP.replace_row("post_header", guard=eq(buf, W)), "deadlock_free"),
+)
+
+
+def by_name(name: str) -> Mutant:
+    for m in MUTANTS:
+        if m.name == name:
+            return m
+    raise KeyError(f"no mutant {name!r}; mutants: {[m.name for m in MUTANTS]}")
