@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -149,11 +150,191 @@ def run_hf(out_dir: str) -> dict:
     return rec
 
 
+# ------------------------------------------------------------------------- plain DDP / accelerate
+def loop(rec, key, epoch_iter, model, unwrapped, optimizer, scheduler, backward, sync_ctx, join_ctx, progress,
+         done, stop_after=None, on_stop=None):
+    """The training loop shared by the plain and accelerate workers; records what the tests check."""
+    pending = []
+    while not done():
+        with join_ctx():
+            for ms in epoch_iter():
+                rec[key].append([ms.info.epoch, list(ms.info.indices)])
+                pending.extend(ms.info.indices)
+                with sync_ctx(ms):
+                    backward(model(**ms.batch).loss, ms)
+                if ms.sync:
+                    if key == "indices" and "grads" not in rec:
+                        rec["grads"] = {n: p.grad.detach().clone() for n, p in unwrapped.named_parameters()}
+                        rec["first_window"] = list(pending)
+                    if key == "indices":
+                        rec["lr"].append((rec.setdefault("_before", 0), optimizer.param_groups[0]["lr"]))
+                        rec["_before"] = progress.samples
+                    pending = []
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+                    if stop_after is not None and progress.optimizer_steps == stop_after:
+                        on_stop()
+                        return
+                    if done():
+                        break
+
+
+def finish(rec, progress, budget):
+    rec["progress"] = progress.state_dict()
+    rec["max_samples"] = budget
+    rec["first_window_global"] = all_indices_gather(rec["first_window"])
+    rank, _ = rank_world()
+    if rank == 0:
+        rec["ref_err"] = compare(rec["grads"], reference_grads(rec["first_window_global"]))
+    del rec["grads"]
+
+
+def run_plain(out_dir: str) -> dict:
+    import contextlib
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from odb import ODBDataLoader
+    from odb.integrations import TrainStream, join_context, sample_scheduler
+
+    rank, world = rank_world()
+    rec = {"lr": [], "indices": [], "part1": [], "resume_indices": []}
+    budget = 2 * N
+
+    def build():
+        net = tiny_llama(0)
+        model = DDP(net) if world > 1 else net
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
+        loader = ODBDataLoader(TinyDataset(N), token_budget=BUDGET, buffer_size=6, timeout_s=60)
+        stream = TrainStream(loader, GA, max_samples=budget)
+        sched = sample_scheduler(opt, stream.progress, lambda s: max(0.0, 1 - s / budget))
+        return net, model, opt, loader, stream, sched
+
+    def run(key, net, model, opt, loader, stream, sched, stop_after=None, on_stop=None):
+        epoch_iter = stream.epoch
+        sync_ctx = (lambda ms: contextlib.nullcontext() if ms.sync or world == 1 else model.no_sync())
+        loop(rec, key, epoch_iter, model, net, opt, sched, lambda loss, ms: (loss * ms.loss_weight).backward(),
+             sync_ctx, lambda: join_context(model, loader.mode), stream.progress, lambda: stream.done,
+             stop_after, on_stop)
+
+    parts = build()
+    run("indices", *parts)
+    finish(rec, parts[4].progress, budget)
+    parts[3].close()
+    ckpt = os.path.join(out_dir, f"plain_rank{rank}.pt")
+    p1 = build()
+    run("part1", *p1, stop_after=3, on_stop=lambda: torch.save(
+        {"model": p1[0].state_dict(), "opt": p1[2].state_dict(), "sched": p1[5].state_dict(),
+         "odb": p1[4].state_dict()}, ckpt))
+    p1[3].close()
+    p2 = build()
+    sd = torch.load(ckpt, weights_only=False)
+    p2[0].load_state_dict(sd["model"])
+    p2[2].load_state_dict(sd["opt"])
+    p2[5].load_state_dict(sd["sched"])
+    p2[4].load_state_dict(sd["odb"])
+    run("resume_indices", *p2)
+    rec["resume_progress"] = p2[4].progress.state_dict()
+    p2[3].close()
+    return rec
+
+
+def run_accelerate(out_dir: str) -> dict:
+    from accelerate import Accelerator
+
+    from odb import ODBDataLoader
+    from odb.integrations.accelerate import ODBAccelerate
+
+    rec = {"lr": [], "indices": [], "part1": [], "resume_indices": []}
+    budget = 2 * N
+
+    def build():
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=GA)
+        net = tiny_llama(0)
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
+        model, opt = acc.prepare(net, opt)
+        loader = ODBDataLoader(TinyDataset(N), token_budget=BUDGET, buffer_size=6, timeout_s=60)
+        oa = ODBAccelerate(acc, loader, max_samples=budget)
+        sched = acc.prepare(oa.scheduler(opt, lambda s: max(0.0, 1 - s / budget)))
+        return acc, net, model, opt, loader, oa, sched
+
+    def run(key, acc, net, model, opt, loader, oa, sched, stop_after=None, on_stop=None):
+        loop(rec, key, oa.micro_steps, model, acc.unwrap_model(model), opt, sched, oa.backward,
+             lambda ms: oa.sync(model, ms), lambda: oa.join(model), oa.progress, lambda: oa.done,
+             stop_after, on_stop)
+
+    parts = build()
+    run("indices", *parts)
+    finish(rec, parts[5].progress, budget)
+    parts[4].close()
+    ckpt = os.path.join(out_dir, "acc_state")
+    p1 = build()
+    run("part1", *p1, stop_after=3, on_stop=lambda: p1[0].save_state(ckpt))
+    p1[4].close()
+    p2 = build()
+    p2[0].load_state(ckpt)
+    run("resume_indices", *p2)
+    rec["resume_progress"] = p2[5].progress.state_dict()
+    p2[4].close()
+    return rec
+
+
+# ------------------------------------------------------------------------------ used by the tests
+ROOT = os.path.dirname(HERE)
+
+
+def run_workers(framework: str, out_dir, nproc: int = 2, timeout_s: int = 150) -> list[dict]:
+    """Run this file under torch.distributed.run (gloo, free port); return the per-rank records."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           os.path.abspath(__file__), framework, str(out_dir)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(nproc)]
+
+
+def counts(records: list[dict], *keys: str) -> Counter:
+    c: Counter = Counter()
+    for rec in records:
+        for key in keys:
+            for epoch, idx in rec[key]:
+                for i in idx:
+                    c[(epoch, i)] += 1
+    return c
+
+
+def check_run(recs: list[dict], n: int, lr0: float, epochs: int = 2) -> None:
+    import pytest
+
+    # loss weights: the first optimizer step's gradient is the global per-token mean of its window
+    assert len(recs[0]["first_window_global"]) >= 2
+    assert recs[0]["ref_err"] < 1e-4, recs[0]["ref_err"]
+    # every sample exactly once per epoch, uninterrupted and across a checkpoint/resume
+    for keys in (("indices",), ("part1", "resume_indices")):
+        c = counts(recs, *keys)
+        assert set(c.values()) == {1}, keys
+        assert sorted(c) == [(e, i) for e in range(epochs) for i in range(n)], keys
+    assert recs[0]["part1"] and recs[0]["resume_indices"]
+    # the linear schedule runs on samples: lr_k = lr0 * (1 - samples before step k / budget)
+    budget = recs[0]["max_samples"]
+    assert budget == epochs * n
+    lrs = recs[0]["lr"]
+    assert len(lrs) == recs[0]["progress"]["optimizer_steps"]
+    assert len({s for s, _ in lrs}) == len(lrs)  # a new sample count at every step
+    for before, lr in lrs:
+        assert lr == pytest.approx(lr0 * (1 - before / budget), rel=1e-6), (before, lr)
+    assert recs[0]["progress"]["samples"] == budget == recs[0]["resume_progress"]["samples"]
+
+
 def main() -> None:
     framework, out_dir = sys.argv[1], sys.argv[2]
-    if "WORLD_SIZE" in os.environ and framework in ("plain",):
+    if "WORLD_SIZE" in os.environ and framework == "plain":
         dist.init_process_group("gloo")
-    rec = {"hf": run_hf}[framework](out_dir)
+    rec = {"hf": run_hf, "plain": run_plain, "accelerate": run_accelerate}[framework](out_dir)
+    rec.pop("_before", None)
     rank, _ = rank_world()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(rec, f)

@@ -272,9 +272,12 @@ class TrainStream:
             yield b
 
     def consume(self, ms: MicroStep) -> None:
-        """Mark the next micro-step consumed (counts its samples; adapters count optimizer steps)."""
+        """Mark the next micro-step consumed: counts its samples, and an optimizer step if ``ms.sync``
+        (the step the caller takes after it, so a checkpoint written after that step counts it)."""
         self._consumed += 1
         self.progress.advance(ms.info)
+        if ms.sync:
+            self.progress.optimizer_steps += 1
 
     def state_dict(self) -> dict:
         """This rank's state at the consumed position (see class doc)."""
