@@ -71,6 +71,7 @@ def run_ranks(fn: Callable, world_size: int, tmp_path, *, args: tuple = (), time
     """Run `fn` on `world_size` gloo ranks; return one Outcome per rank (in rank order)."""
     ctx = mp.get_context(start_method)
     tmp = str(tmp_path)
+    os.makedirs(tmp, exist_ok=True)
     store = os.path.join(tmp, f"store_{time.monotonic_ns()}")
     outs = [os.path.join(tmp, f"out_{os.path.basename(store)}_{r}.pkl") for r in range(world_size)]
     env = {"OMP_NUM_THREADS": "1", **(env or {})}
@@ -173,7 +174,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
 
     spec keys: lengths (list), shards (per-rank index lists; default: loader's own
     shard), budget, W, mode, iterable, workers, drop, raise_at, no_len, collate
-    ("id" | "bad" | "list"), break_at (step), die_at (step), epochs, trace_dir,
+    ("id" | "bad" | "list"), break_at (step), break_rank (default: every rank), die_at (step) with
+    die_rank, epochs, trace_dir,
     oversize, timeout_s, state (a state_dict to load), save_at (step: return a
     state_dict taken after that step and stop).
     """
@@ -211,7 +213,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
             if spec.get("save_at") == k:
                 out["state"] = loader.state_dict()
                 break
-            if spec.get("break_at") == k:
+            if spec.get("break_at") == k and spec.get("break_rank", rank) == rank:
                 break
     out.update(steps=steps, stats=loader.stats.as_dict())
     loader.close()

@@ -108,6 +108,7 @@ class Engine:
         self._steps = 0                  # batches released (StepInfo.step)
         self._template: Any = None
         self._broken = False             # the group cannot be used any more
+        self._ended = False              # "end" was handed to the consumer
         self.collective_time_s = 0.0     # time spent waiting on header collectives (benchmark)
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{rank}", daemon=True)
 
@@ -152,11 +153,13 @@ class Engine:
                                   "payload": s.payload, "count": s.count, "table": DGAP.hash, **extra})
             seq += 1
             local = s.after
-            if s.row == "return_go" and self.mode == JOIN and local["buf"] == 0 and local["x"]:
+            if s.row == "return_go" and self.mode == JOIN and local["buf"] == 0 and local["x"] and not self._ended:
                 # Nothing held and the source is exhausted: this rank emits no more
                 # batches; its iterator ends while this thread keeps posting (JOIN).
+                self._ended = True
                 self._put(("end", None))
-        self._put(("end", None))
+        if not self._ended:
+            self._put(("end", None))
 
     # -- inputs and choices (called by machine.step) ---------------------------
     def _input(self, name: str):

@@ -70,7 +70,7 @@ def _load(path: str) -> tuple[dict, list[dict]]:
 
 
 def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: RunReport,
-                 posts: dict, collects: dict) -> None:
+                 posts: dict, collects: dict, died: bool) -> None:
     cfg = meta["cfg"]
     local = machine.initial_local(table, cfg)
     ended = None  # "abort" / "failure" once seen
@@ -80,8 +80,8 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
             ended = "failure"
             continue
         if "abort" in ev:
-            if ended is not None:
-                rep.problems.append(f"{where}: abort after {ended}")
+            if ended == "abort":
+                rep.problems.append(f"{where}: a second abort")
             ended = "abort"
             rep.aborted = True
             posts[rank].append(("abort", ev["round"], ev["abort"]))
@@ -117,7 +117,7 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
         rep.rows[ev["row"]] += 1
         rep.events += 1
         local = ev["after"]
-    if ended is None and local["ph"] != DONE:
+    if ended is None and local["ph"] != DONE and not died:
         rep.problems.append(f"rank {rank}: trace ends in phase {local['ph']} without DONE, abort or failure "
                             "(TraceMatched fails: the run stopped mid-protocol)")
 
@@ -176,8 +176,12 @@ def _check_collectives(table: Table, cfg: dict, n: int, posts: dict, collects: d
         rep.problems.append(f"posted header shapes differ: {sorted(shapes)}")
 
 
-def check_run(paths: list[str], table: Table = DGAP) -> RunReport:
-    """Check one run given every rank's trace file."""
+def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset()) -> RunReport:
+    """Check one run given every rank's trace file.
+
+    `died`: ranks known to have been killed (their trace may stop mid-protocol;
+    every line it has is still checked).
+    """
     loaded = [_load(p) for p in paths]
     metas = {m["rank"]: (m, ev) for m, ev in loaded}
     n = loaded[0][0]["world_size"]
@@ -197,7 +201,7 @@ def check_run(paths: list[str], table: Table = DGAP) -> RunReport:
     collects: dict = defaultdict(list)
     for rank in range(n):
         meta, events = metas[rank]
-        _replay_rank(table, rank, meta, events, rep, posts, collects)
+        _replay_rank(table, rank, meta, events, rep, posts, collects, rank in died)
     policy = _default_policy_if(loaded[0][0].get("policy"))
     _check_collectives(table, loaded[0][0]["cfg"], n, posts, collects, rep, policy)
     return rep
@@ -210,22 +214,23 @@ def _default_policy_if(name: str | None):
     return pol if type(pol).__name__ == name else None
 
 
-def check_dir(trace_dir: str, table: Table = DGAP) -> list[RunReport]:
+def check_dir(trace_dir: str, table: Table = DGAP, died: frozenset = frozenset()) -> list[RunReport]:
     """Check every run found in `trace_dir` (files grouped by loader and pass)."""
     runs: dict[tuple[int, int], list[str]] = defaultdict(list)
     for p in glob.glob(os.path.join(trace_dir, "*.jsonl")):
         m = _NAME.match(os.path.basename(p))
         if m:
             runs[(int(m.group(1)), int(m.group(2)))].append(p)
-    return [check_run(sorted(runs[k]), table) for k in sorted(runs)]
+    return [check_run(sorted(runs[k]), table, died) for k in sorted(runs)]
 
 
-def assert_conformant(trace_dir: str, *, allow_abort: bool = False) -> Counter:
+def assert_conformant(trace_dir: str, *, allow_abort: bool = False, died: frozenset = frozenset()) -> Counter:
     """Raise AssertionError unless every run in `trace_dir` conforms; return the row coverage.
 
-    With ``allow_abort=False`` a run that ended in an abort or failure is also a failure.
+    With ``allow_abort=False`` a run that ended in an abort or failure is also a
+    failure.  `died` names ranks that were killed on purpose (see `check_run`).
     """
-    reports = check_dir(trace_dir)
+    reports = check_dir(trace_dir, died=frozenset(died))
     if not reports:
         raise AssertionError(f"no traces in {trace_dir}")
     bad = [r for r in reports if not r.ok or (r.aborted and not allow_abort)]

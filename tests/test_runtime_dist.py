@@ -1,0 +1,207 @@
+"""ODBDataLoader on 2-4 gloo ranks: exactly-once audits, modes, faults, resume, traces.
+
+Slow tier (each test starts processes; about 2-5 s each on 2 cores).  Every
+test that writes traces runs the conformance checker on them.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+
+from odb.protocol import DGAP
+from proofs.conformance import assert_conformant
+
+from mp_harness import make_lengths, run_ranks, scenario
+
+pytestmark = pytest.mark.slow
+
+LENGTHS = make_lengths(80, seed=5, lo=2, hi=60)
+COVERAGE: Counter = Counter()
+
+
+def run(tmp_path, world_size, proc_timeout=60, **spec):
+    spec.setdefault("trace_dir", str(tmp_path / "traces"))
+    spec.setdefault("lengths", LENGTHS)
+    start = spec.pop("start_method", "fork")
+    env = spec.pop("env", None)
+    return run_ranks(scenario, world_size, tmp_path, args=(spec,), timeout_s=proc_timeout, start_method=start,
+                     env=env)
+
+
+def ok_values(res):
+    assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:1500]) for r in res]
+    return [r.value for r in res]
+
+
+def conform(tmp_path, allow_abort=False, died=()):
+    rows = assert_conformant(str(tmp_path / "traces"), allow_abort=allow_abort, died=frozenset(died))
+    COVERAGE.update(rows)
+    return rows
+
+
+def emitted(values, key="ids"):
+    return sorted(i for v in values for s in v["steps"] for i in s[key])
+
+
+def check_step_counts_agree(values):
+    n = len(values[0]["steps"])
+    assert all(len(v["steps"]) == n for v in values)
+    for k in range(n):
+        per_rank = [v["steps"][k] for v in values]
+        assert len({(s["gs"], s["gt"], s["gl"]) for s in per_rank}) == 1
+        assert per_rank[0]["gs"] == sum(s["ls"] for s in per_rank)
+        assert per_rank[0]["gl"] == sum(s["ll"] for s in per_rank)
+        if per_rank[0]["gl"]:
+            assert sum(s["scale"] for s in per_rank) == pytest.approx(len(values))
+
+
+def test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path):
+    shards = [list(range(0, 50)), list(range(50, 66))]
+    values = ok_values(run(tmp_path, 2, shards=shards, drop=[3, 55], W=8))
+    assert emitted(values) == sorted(set(range(66)) - {3, 55}) == emitted(values, "indices")
+    check_step_counts_agree(values)
+    assert values[1]["stats"]["fillers"] > 0 and values[0]["stats"]["fillers"] == 0
+    assert [v["stats"]["dropped"] for v in values] == [1, 1]
+    assert all(s["scale"] == 0 for v in values for s in v["steps"] if s["filler"])
+    rows = conform(tmp_path)
+    assert set(rows) == {r.name for r in DGAP.rows}
+
+
+def test_join_with_an_iterable_dataset_and_an_empty_rank_emits_every_sample_once(tmp_path):
+    shards = [list(range(0, 40)), list(range(40, 52)), []]
+    values = ok_values(run(tmp_path, 3, shards=shards, iterable=True, mode="join", W=6))
+    assert emitted(values) == list(range(52))
+    counts = [len(v["steps"]) for v in values]
+    assert counts[0] > counts[1] > counts[2] == 0
+    assert not any(s["filler"] for v in values for s in v["steps"])
+    rows = conform(tmp_path)
+    assert "emit_filler" not in rows and rows["return_stop"] == 3
+
+
+def test_quota_stops_all_ranks_together_and_reports_the_unemitted(tmp_path):
+    shards = [list(range(0, 50)), list(range(50, 62))]
+    res = run(tmp_path, 2, shards=shards, mode="quota", W=8)
+    values = ok_values(res)
+    check_step_counts_agree(values)
+    out, left = emitted(values), sorted(i for v in values for i in v["stats"]["unemitted_indices"])
+    assert sum(v["stats"]["unemitted"] for v in values) == len(left) > 0
+    assert sorted(out + left) == list(range(62))
+    conform(tmp_path)
+
+
+def test_four_ranks_pad_with_a_window_of_two(tmp_path):
+    shards = [list(range(0, 9)), list(range(9, 12)), [], list(range(12, 30))]
+    values = ok_values(run(tmp_path, 4, shards=shards, W=2))
+    assert emitted(values) == list(range(30))
+    check_step_counts_agree(values)
+    conform(tmp_path)
+
+
+def test_getitem_exception_fails_its_rank_with_the_index_and_the_others_with_rank_failure(tmp_path):
+    res = run(tmp_path, 2, raise_at=[21], W=4, seed=1)
+    by_type = sorted((r.error_type, r.error.splitlines()[0]) for r in res)
+    assert [t for t, _ in by_type] == ["RankFailure", "SampleError"], by_type
+    assert "index 21 failed in preprocessing" in by_type[1][1]
+    assert "round" in by_type[0][1] and "local error" in by_type[0][1]
+    conform(tmp_path, allow_abort=True)
+
+
+def test_collate_exception_fails_its_rank_and_the_others_with_rank_failure(tmp_path):
+    res = run(tmp_path, 2, collate="bad", W=4)
+    types = sorted(r.error_type for r in res)
+    assert types == ["RankFailure", "SampleError"], [(r.status, r.error) for r in res]
+    failing = next(r for r in res if r.error_type == "SampleError")
+    assert "collate_fn raised ValueError" in failing.error and "7" in failing.error
+    conform(tmp_path, allow_abort=True)
+
+
+def test_a_dead_rank_makes_the_others_raise_rank_failure_within_the_timeout(tmp_path):
+    t0 = time.monotonic()
+    res = run(tmp_path, 3, die_at=2, die_rank=0, W=4, timeout_s=4, proc_timeout=40)
+    assert res[0].status == "died"
+    for r in res[1:]:
+        assert r.error_type == "RankFailure", (r.status, r.error)
+        assert "round" in r.error
+    assert time.monotonic() - t0 < 30
+    conform(tmp_path, allow_abort=True, died={0})
+
+
+def test_one_rank_breaking_early_is_not_hidden_from_the_others(tmp_path):
+    res = run(tmp_path, 2, W=4, break_at=1, break_rank=0)
+    assert sorted(r.status for r in res) == ["error", "ok"], [(r.status, r.error) for r in res]
+    err = next(r for r in res if r.status == "error")
+    assert err.error_type == "RankFailure" and "stopped iterating" in err.error
+    conform(tmp_path, allow_abort=True)
+
+
+def test_all_ranks_breaking_at_the_same_step_shut_down_cleanly(tmp_path):
+    res = run(tmp_path, 2, W=4, break_at=2)
+    values = ok_values(res)
+    assert [len(v["steps"]) for v in values] == [3, 3]
+    conform(tmp_path, allow_abort=True)
+
+
+def test_resume_round_trip_emits_every_sample_exactly_once(tmp_path):
+    shards = [list(range(0, 45)), list(range(45, 70))]
+    first = ok_values(run(tmp_path / "a", 2, shards=shards, W=8, save_at=3))
+    states = [v["state"] for v in first]
+    second = ok_values(run(tmp_path / "b", 2, shards=shards, W=8, state=states))
+    assert emitted(first + second) == list(range(70))
+    conform(tmp_path / "b")
+
+
+def test_spawned_ranks_align_and_scale_losses(tmp_path):
+    values = ok_values(run(tmp_path, 2, W=8, start_method="spawn", proc_timeout=120))
+    assert emitted(values) == list(range(80))
+    check_step_counts_agree(values)
+    conform(tmp_path)
+
+
+def test_detail_debug_mode_checks_every_collective(tmp_path):
+    values = ok_values(run(tmp_path, 2, W=8, shards=[list(range(30)), list(range(30, 41))],
+                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}))
+    assert emitted(values) == list(range(41))
+    conform(tmp_path)
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    from mp_harness import scenario, make_lengths
+    dist.init_process_group("gloo")
+    out = scenario(dist.get_rank(), dist.get_world_size(),
+                   {{"lengths": make_lengths(40, 2, lo=2), "W": 8, "trace_dir": {traces!r}, "timeout_s": 20}})
+    with open(os.path.join({out!r}, f"r{{dist.get_rank()}}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_two_processes_on_loopback(tmp_path):
+    import json
+
+    traces = tmp_path / "traces"
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__), traces=str(traces),
+                                             out=str(tmp_path)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    values = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert emitted(values) == list(range(40))
+    conform(tmp_path)
+
+
+def test_real_runs_fire_every_table_row(tmp_path):
+    """Across this module's runs every row fired (run alone, the PAD scenario covers them)."""
+    if set(COVERAGE) != {r.name for r in DGAP.rows}:
+        test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path)
+    assert set(COVERAGE) == {r.name for r in DGAP.rows}, COVERAGE
+    assert all(COVERAGE[r.name] > 0 for r in DGAP.rows)
