@@ -1,0 +1,118 @@
+"""The trace checker has teeth: a real 2-rank trace passes, and every tampering is rejected."""
+
+import json
+import shutil
+
+import pytest
+
+from proofs.conformance import check_dir
+
+from mp_harness import make_lengths, run_ranks, scenario
+
+
+@pytest.fixture(scope="module")
+def real_traces(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("conf")
+    spec = {"lengths": make_lengths(40, 9, lo=2), "shards": [list(range(28)), list(range(28, 36))], "W": 4,
+            "trace_dir": str(tmp / "traces")}
+    res = run_ranks(scenario, 2, tmp, args=(spec,), timeout_s=60)
+    assert all(r.status == "ok" for r in res), [r.error for r in res]
+    return tmp / "traces"
+
+
+def load(d, rank):
+    return [json.loads(x) for x in (d / f"L0_it0_rank{rank}.jsonl").read_text().splitlines()]
+
+
+def save(d, rank, lines):
+    (d / f"L0_it0_rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def first(lines, row):
+    return next(i for i, x in enumerate(lines) if x.get("row") == row)
+
+
+def tamper_after(lines):
+    lines[first(lines, "take_sample")]["after"]["buf"] += 1
+
+
+def tamper_proposal(lines):
+    i = first(lines, "return_go")
+    lines[i]["collective"]["inputs"]["proposal"] += 1
+
+
+def tamper_posted_n(lines):
+    lines[first(lines, "post_header")]["payload"]["n"] -= 1
+
+
+def tamper_truncate(lines):
+    del lines[-1]
+
+
+def tamper_drop_middle(lines):
+    del lines[len(lines) // 2]
+
+
+def tamper_row_name(lines):
+    lines[first(lines, "emit_filler")]["row"] = "emit_group"
+
+
+def tamper_choice(lines):
+    i = first(lines, "emit_group")
+    lines[i]["params"]["take"] += 5
+    lines[i]["count"] += 5
+
+
+def tamper_table_hash(lines):
+    lines[0]["meta"]["table"] = "0" * 64
+
+
+def tamper_received_header(lines):
+    i = first(lines, "return_go")
+    lines[i]["collective"]["headers"][1]["n"] += 1
+
+
+def tamper_extra_row_after_done(lines):
+    lines.append(dict(lines[-1]))
+
+
+TAMPERS = [  # (rank to tamper, function, words the report must contain)
+    (0, tamper_after, "table gives"),
+    (1, tamper_proposal, "proposal"),
+    (1, tamper_posted_n, "posted"),
+    (0, tamper_truncate, "TraceMatched"),
+    (0, tamper_drop_middle, "before"),
+    (1, tamper_row_name, "enables"),
+    (0, tamper_choice, "contract"),
+    (0, tamper_table_hash, "table hash"),
+    (0, tamper_received_header, "received headers"),
+    (1, tamper_extra_row_after_done, "before"),
+]
+
+
+def test_the_untampered_real_trace_conforms_and_fires_every_row(real_traces):
+    (report,) = check_dir(str(real_traces))
+    assert report.ok, report.problems
+    assert report.world_size == 2 and report.rounds > 3 and not report.aborted
+    assert set(report.rows) == {"take_sample", "see_exhausted", "post_header", "return_go", "return_stop",
+                                "emit_group", "emit_filler", "end_round"}
+
+
+@pytest.mark.parametrize("rank, tamper, words", TAMPERS, ids=[t[1].__name__ for t in TAMPERS])
+def test_a_tampered_trace_is_rejected(real_traces, tmp_path, rank, tamper, words):
+    d = tmp_path / "t"
+    shutil.copytree(real_traces, d)
+    lines = load(d, rank)
+    tamper(lines)
+    save(d, rank, lines)
+    (report,) = check_dir(str(d))
+    assert not report.ok
+    assert any(words in p for p in report.problems), report.problems
+
+
+def test_a_missing_rank_trace_is_rejected(real_traces, tmp_path):
+    d = tmp_path / "t"
+    shutil.copytree(real_traces, d)
+    (d / "L0_it0_rank1.jsonl").unlink()
+    (report,) = check_dir(str(d))
+    assert not report.ok and "world size 2" in report.problems[0]
