@@ -29,7 +29,8 @@ N, BUDGET, GA, LR = 36, 48, 2, 1e-2
 def rank_world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    # Lightning initializes its process group inside fit() and destroys it after: read the launcher's env
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def reference_grads(indices: list[int], seed: int = 0) -> dict:
@@ -183,7 +184,8 @@ def loop(rec, key, epoch_iter, model, unwrapped, optimizer, scheduler, backward,
 def finish(rec, progress, budget):
     rec["progress"] = progress.state_dict()
     rec["max_samples"] = budget
-    rec["first_window_global"] = all_indices_gather(rec["first_window"])
+    if "first_window_global" not in rec:
+        rec["first_window_global"] = all_indices_gather(rec["first_window"])
     rank, _ = rank_world()
     if rank == 0:
         rec["ref_err"] = compare(rec["grads"], reference_grads(rec["first_window_global"]))
@@ -280,6 +282,63 @@ def run_accelerate(out_dir: str) -> dict:
     return rec
 
 
+def run_lightning(out_dir: str) -> dict:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from odb.integrations.lightning import ODBDataModule, pop_loss_weight
+
+    rank, world = rank_world()
+    rec = {"lr": [], "indices": [], "part1": [], "resume_indices": []}
+    budget = 2 * N
+
+    class Module(pl.LightningModule):
+        def __init__(self, dm, key):
+            super().__init__()
+            self.net, self.dm, self.key, self.pending, self.before = tiny_llama(0), dm, key, [], 0
+
+        def training_step(self, batch, batch_idx):
+            weight, info = pop_loss_weight(batch)
+            rec[self.key].append([info.epoch, list(info.indices)])
+            self.pending.extend(info.indices)
+            return self.net(**batch).loss * weight
+
+        def on_before_optimizer_step(self, optimizer):
+            if self.key == "indices":
+                if "grads" not in rec:
+                    rec["grads"] = {n: p.grad.detach().clone() for n, p in self.net.named_parameters()}
+                    rec["first_window"] = list(self.pending)
+                    rec["first_window_global"] = all_indices_gather(rec["first_window"])  # inside fit: PG alive
+                rec["lr"].append((self.before, optimizer.param_groups[0]["lr"]))
+                self.before = self.dm.progress.samples
+            self.pending = []
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.net.parameters(), lr=LR)
+            sched = self.dm.scheduler(opt, lambda s: max(0.0, 1 - s / budget))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def fit(key, ckpt_dir=None, max_steps=-1, ckpt_path=None):
+        dm = ODBDataModule(TinyDataset(N), odb_loader_kwargs={"token_budget": BUDGET, "buffer_size": 6,
+                                                              "timeout_s": 60}, max_samples=budget)
+        cbs = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=3, save_top_k=-1)] if ckpt_dir else []
+        trainer = pl.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto",
+                             accumulate_grad_batches=GA, max_epochs=10, max_steps=max_steps, logger=False,
+                             enable_checkpointing=bool(ckpt_dir), callbacks=cbs, enable_progress_bar=False,
+                             enable_model_summary=False, gradient_clip_val=None)
+        trainer.fit(Module(dm, key), datamodule=dm, ckpt_path=ckpt_path)
+        return dm
+
+    dm = fit("indices")
+    finish(rec, dm.progress, budget)
+    ckpt_dir = os.path.join(out_dir, "pl_ckpt")
+    fit("part1", ckpt_dir=ckpt_dir, max_steps=3)
+    names = sorted(os.listdir(ckpt_dir))
+    dm2 = fit("resume_indices", ckpt_path=os.path.join(ckpt_dir, names[-1]))
+    rec["resume_progress"] = dm2.progress.state_dict()
+    return rec
+
+
 # ------------------------------------------------------------------------------ used by the tests
 ROOT = os.path.dirname(HERE)
 
@@ -333,7 +392,8 @@ def main() -> None:
     framework, out_dir = sys.argv[1], sys.argv[2]
     if "WORLD_SIZE" in os.environ and framework == "plain":
         dist.init_process_group("gloo")
-    rec = {"hf": run_hf, "plain": run_plain, "accelerate": run_accelerate}[framework](out_dir)
+    rec = {"hf": run_hf, "plain": run_plain, "accelerate": run_accelerate, "lightning": run_lightning}[framework](
+        out_dir)
     rec.pop("_before", None)
     rank, _ = rank_world()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

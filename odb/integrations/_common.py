@@ -229,11 +229,11 @@ class TrainStream:
     """
 
     def __init__(self, loader, accumulation_steps: int = 1, *, max_samples: int | None = None,
-                 consume_on_yield: bool = True):
+                 consume_on_yield: bool = True, progress: TrainProgress | None = None):
         self.loader, self.k = loader, int(accumulation_steps)
         self.max_samples = max_samples
         self.consume_on_yield = consume_on_yield
-        self.progress = TrainProgress()
+        self.progress = progress if progress is not None else TrainProgress()
         self._pulled = 0        # batches pulled from the loader in the current epoch
         self._consumed = 0      # micro-steps consumed in the current epoch
         self._snap: tuple[int, dict] | None = None  # (window start, loader state before pulling it)
