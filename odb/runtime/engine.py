@@ -109,7 +109,6 @@ class Engine:
         self._template: Any = None
         self._broken = False             # the group cannot be used any more
         self._ended = False              # "end" was handed to the consumer
-        self.collective_time_s = 0.0     # time spent waiting on header collectives (benchmark)
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------
@@ -328,7 +327,7 @@ class Engine:
         table_headers = [{"n": h[2], "shape": len(h)} for h in headers]
         self._coll = machine.collective_inputs(DGAP, table_headers, proposal, self.cfg)
         self._gathered = headers
-        self.collective_time_s += time.perf_counter() - t0
+        self.stats.collective_s += time.perf_counter() - t0
 
     def _broken_peers(self, rnd: int, bad: list[tuple[int, int]]) -> None:
         what = "; ".join(f"rank {r} {_STATUS.get(st, f'sent status {st}')}" for r, st in bad)

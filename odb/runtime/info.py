@@ -94,6 +94,7 @@ class LoaderStats:
     unemitted_indices: list = field(default_factory=list)
     rounds: int = 0             # header collectives completed
     wait_time_s: float = 0.0    # time the consumer waited on the loader
+    collective_s: float = 0.0   # time the engine waited in header collectives (includes peers' lag)
     epochs: int = 0             # epochs run to completion
 
     def as_dict(self) -> dict:
