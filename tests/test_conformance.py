@@ -20,12 +20,17 @@ def real_traces(tmp_path_factory):
     return tmp / "traces"
 
 
+def trace_file(d, rank):
+    (path,) = d.glob(f"L*_it0_rank{rank}.jsonl")  # the loader id depends on loaders made before the fork
+    return path
+
+
 def load(d, rank):
-    return [json.loads(x) for x in (d / f"L0_it0_rank{rank}.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in trace_file(d, rank).read_text().splitlines()]
 
 
 def save(d, rank, lines):
-    (d / f"L0_it0_rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    trace_file(d, rank).write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def first(lines, row):
@@ -113,6 +118,6 @@ def test_a_tampered_trace_is_rejected(real_traces, tmp_path, rank, tamper, words
 def test_a_missing_rank_trace_is_rejected(real_traces, tmp_path):
     d = tmp_path / "t"
     shutil.copytree(real_traces, d)
-    (d / "L0_it0_rank1.jsonl").unlink()
+    trace_file(d, 1).unlink()
     (report,) = check_dir(str(d))
     assert not report.ok and "world size 2" in report.problems[0]
