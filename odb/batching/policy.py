@@ -51,7 +51,9 @@ class BalancedPolicy:
 
     Summary layout (``summary_len = 6`` ints):
     ``[SUMMARY_TAG, n, exhausted, closed groups, all groups, mean closed fill in 1/1000]``.
-    Deterministic; holds a one-entry memo of the last packing (a pure cache: the
+    `propose` is deterministic and does not depend on rank order (a minimum
+    over ranks); it raises ProtocolError on a summary of another layout (ranks
+    running different policies).  Holds a one-entry memo of the last packing (a pure cache: the
     same window always packs the same way), so `summarize` and the following
     `partition` of one round pack once.
     """
