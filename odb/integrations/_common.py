@@ -231,6 +231,12 @@ class TrainStream:
     def __init__(self, loader, accumulation_steps: int = 1, *, max_samples: int | None = None,
                  consume_on_yield: bool = True, progress: TrainProgress | None = None):
         self.loader, self.k = loader, int(accumulation_steps)
+        if max_samples is not None and loader.mode == "join":
+            raise ConfigError(
+                "TrainStream(max_samples=...) with mode='join': a rank that finishes its epoch early does not see "
+                "the samples its peers emit afterwards, so the ranks would disagree on when the budget is reached "
+                "and one would stop while the others wait; in mode 'join' run whole epochs (max_samples=None), "
+                "or use mode='pad'")
         self.max_samples = max_samples
         self.consume_on_yield = consume_on_yield
         self.progress = progress if progress is not None else TrainProgress()
