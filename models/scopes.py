@@ -24,5 +24,5 @@ class Scope:
 
 
 # Tuned by the explicit engine to fit `make verify` (< 60 s on 2 cores); see proofs/REPORT.md.
-CI_SCOPES = (Scope(n_max=6, d_max=2, w=2),)
+CI_SCOPES = (Scope(n_max=6, d_max=2, w=2), Scope(n_max=3, d_max=3, w=2))
 DEEP_SCOPES = (Scope(n_max=8, d_max=2, w=2), Scope(n_max=4, d_max=4, w=3))

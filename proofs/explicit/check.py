@@ -134,7 +134,8 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
     off = []
     for r in runs:
         for d, e in sorted(r.per_vector.items()):
-            out.worst_case.append({"mode": m, "n": r.n, "d": list(d), **e, "closed_form": fn(d)})
+            out.worst_case.append({"mode": m, "n": r.n, "d_max": r.d_max, "w": r.w, "d": list(d), **e,
+                                   "closed_form": fn(d)})
             if e["max_rounds"] != fn(d):
                 off.append((r.n, d, e["max_rounds"], fn(d)))
     verdict("worst_case_rounds_match_closed_form",

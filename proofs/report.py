@@ -1,0 +1,250 @@
+"""Run every check and write `proofs/REPORT.md` and `proofs/report.json`.
+
+Legend
+    verdict   `proofs.verdict.Verdict`: property, mode, method, scope, result,
+              states, depth, seconds; only "proved", "holds" and "found" pass
+    symbolic  the z3 all-N engine (`proofs.symbolic.prove_all`); when it cannot
+              be imported the report carries a failing ``symbolic_engine``
+              verdict (missing is a failure, never a pass)
+    mutant    a seeded table bug (`proofs.mutants`); a surviving mutant fails the run
+
+`run_all` fans the independent jobs (one per scope and mode, the engine
+self-checks, the mutants, the z3 proofs) out over worker processes; every job is
+deterministic, so the verdicts do not depend on the number of workers.  The
+report starts with the z3 version, the table hash (`DGAP.hash`) and the bound
+formula; `tests/test_report.py` fails when the committed report's hash is not
+the current table's (a stale proof fails CI).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from models.scopes import CI_SCOPES, DEEP_SCOPES, Scope
+from odb.protocol.expr import render
+from odb.protocol.table import DGAP, PHASES, Table
+
+from .verdict import Verdict
+
+__all__ = ["Report", "run_all", "write", "render_table_md", "REPORT_MD", "REPORT_JSON"]
+
+HERE = Path(__file__).resolve().parent
+REPORT_MD = HERE / "REPORT.md"
+REPORT_JSON = HERE / "report.json"
+_PHASE = {v: k for k, v in PHASES.items()}
+
+
+@dataclass
+class Report:
+    table_hash: str
+    z3_version: str
+    bound_formula: str
+    scopes: list[str]
+    verdicts: list[Verdict] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)
+    worst_case: list[dict] = field(default_factory=list)
+    mutants: list[dict] = field(default_factory=list)
+    counterexamples: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    deep: bool = False
+
+    @property
+    def failures(self) -> list[str]:
+        out = [f"{v.property}/{v.mode} ({v.method}, {v.scope}): {v.result}" for v in self.verdicts if not v.ok]
+        out += [f"mutant {m['name']} survived" for m in self.mutants if not m["killed"]]
+        out += [f"mutant {m['name']} not killed by its expected killer {m['expected']}"
+                for m in self.mutants if m["killed"] and not m["killed_as_expected"]]
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict:
+        return {"table_hash": self.table_hash, "z3_version": self.z3_version, "bound_formula": self.bound_formula,
+                "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+                "scopes": self.scopes, "deep": self.deep, "ok": self.ok, "failures": self.failures,
+                "seconds": round(self.seconds, 2), "verdicts": [v.to_json() for v in self.verdicts],
+                "runs": self.runs, "worst_case": self.worst_case, "mutants": self.mutants,
+                "counterexamples": [list(c) for c in self.counterexamples]}
+
+
+# -- jobs (module level so that worker processes can run them) --------------------------
+def _job_scope(scope: Scope, mode: int) -> tuple:
+    from .explicit.check import check_scope
+    r = check_scope(replace(scope, modes=(mode,)))
+    return r.verdicts, r.runs, r.worst_case, r.counterexamples
+
+
+def _job_selfcheck() -> tuple:
+    from .explicit.selfcheck import selfcheck_verdicts
+    return selfcheck_verdicts(), [], [], []
+
+
+def _job_symbolic() -> tuple:
+    t0 = time.perf_counter()
+    try:
+        from .symbolic import prove_all
+    except ImportError as exc:
+        return [Verdict("symbolic_engine", "z3 all-N", "all N", "all", "failed", round(time.perf_counter() - t0, 3),
+                        detail=f"MISSING: proofs.symbolic cannot be imported ({exc}); the all-N proofs did not run")], \
+            [], [], []
+    return prove_all(DGAP), [], [], []
+
+
+def _job_mutants(symbolic: bool) -> tuple:
+    from .mutants import check_all
+    return [], [], [], [r.to_json() for r in check_all(symbolic=symbolic)]
+
+
+def _z3_version() -> str:
+    try:
+        import z3
+        return z3.get_version_string()
+    except ImportError:
+        return "z3 not installed"
+
+
+def _bound_formula() -> str:
+    try:
+        from .symbolic import BOUND_FORMULA
+        return BOUND_FORMULA
+    except ImportError as exc:
+        return f"MISSING (proofs.symbolic not importable: {exc})"
+
+
+def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True, log=print) -> Report:
+    """Every check of `make verify` (`deep`: the DEEP_SCOPES too); see the module docstring."""
+    t0 = time.perf_counter()
+    scopes = list(CI_SCOPES) + (list(DEEP_SCOPES) if deep else [])
+    rep = Report(DGAP.hash, _z3_version(), _bound_formula(), [str(s) for s in scopes], deep=deep)
+    work = [("symbolic", _job_symbolic, ()), ("mutants", _job_mutants, (mutants_symbolic,)),
+            ("self-checks", _job_selfcheck, ())]
+    work += [(f"{s} mode {m}", _job_scope, (s, m)) for s in scopes for m in s.modes]
+    # the largest jobs first, so that two workers finish together
+    work.sort(key=lambda w: 0 if w[2] and isinstance(w[2][0], Scope) and w[2][1] != 2 else 1)
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex:
+        futs = [(name, ex.submit(fn, *args)) for name, fn, args in work]
+        for name, fut in futs:
+            verdicts, runs, worst, extra = fut.result()
+            log(f"  done: {name} ({len(verdicts)} verdicts)")
+            rep.verdicts += verdicts
+            rep.runs += runs
+            rep.worst_case += worst
+            if name == "mutants":
+                rep.mutants = extra
+            else:
+                rep.counterexamples += extra
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+# -- rendering ------------------------------------------------------------------------------
+def _fmt_result(v: Verdict) -> str:
+    return v.result.upper() if v.ok else f"**{v.result.upper()}**"
+
+
+def verdict_table(verdicts: list[Verdict]) -> list[str]:
+    lines = ["| property | mode | method | scope | result | states | depth | time (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        lines.append(f"| {v.property} | {v.mode} | {v.method} | {v.scope} | {_fmt_result(v)} | "
+                     f"{'' if v.states is None else f'{v.states:,}'} | {'' if v.depth is None else v.depth} | "
+                     f"{v.seconds:.2f} |")
+    return lines
+
+
+def render_table_md(table: Table = DGAP) -> list[str]:
+    """The protocol table as Markdown: one line per row."""
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = ["| row | from | guard | effect | updates | choices | to |", "|---|---|---|---|---|---|---|"]
+    for r in table.rows:
+        eff = r.effect.kind
+        if r.effect.kind == "post":
+            eff += "(" + ", ".join(f"{n}={render(e)}" for n, e in r.effect.payload) + f"; shape {render(r.effect.shape)})"
+        if r.effect.kind == "emit":
+            eff += f"({render(r.effect.count)})"
+        ups = "; ".join(f"{n} := {render(e)}" for n, e in r.updates) or "-"
+        chs = "; ".join(f"{c.name} in [{render(c.lo)}, {render(c.hi)}]" for c in r.choices) or "-"
+        lines.append(f"| {r.name} | {_PHASE[r.phase_from]} | `{esc(render(r.guard))}` | `{esc(eff)}` | "
+                     f"`{esc(ups)}` | `{esc(chs)}` | {_PHASE[r.phase_to]} |")
+    lines.append("")
+    lines.append("Decision (reads collective inputs only): " + "; ".join(f"`${n} = {esc(render(e))}`"
+                                                                       for n, e in table.lets))
+    return lines
+
+
+def render_md(rep: Report) -> str:
+    from .explicit.check import COVERAGE_WAIVERS, ROUNDS_CLOSED_FORM
+    from .explicit.explore import MODE_NAMES
+    out = ["# DGAP proof report", "",
+           "Generated by `python -m proofs verify" + (" --deep" if rep.deep else "") + "` "
+           "(do not edit; `tests/test_report.py` fails when this report is stale).", "",
+           f"- z3 version: {rep.z3_version}; Python {platform.python_version()}; {datetime.date.today().isoformat()}",
+           f"- table hash (`DGAP.hash`): `{rep.table_hash}`",
+           f"- termination bound (z3 ranking): {rep.bound_formula}",
+           f"- explicit scopes: {'; '.join(rep.scopes)} (every data vector as a multiset, every interleaving, "
+           "every policy choice; rank symmetry checked, see the self-checks)",
+           f"- overall: **{'PASS' if rep.ok else 'FAIL'}** ({len(rep.verdicts)} verdicts, {len(rep.mutants)} mutants, "
+           f"{rep.seconds:.1f} s wall)", ""]
+    if not rep.ok:
+        out += ["## Failures", ""] + [f"- {f}" for f in rep.failures] + [""]
+    out += ["## Verdicts", ""] + verdict_table(rep.verdicts) + [""]
+    out += ["## Explicit runs (per mode and N)", "",
+            "| mode | N | D | W | states | transitions | BFS depth | sinks | longest path | time (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rep.runs:
+        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {r['states']:,} | {r['transitions']:,} | "
+                   f"{r['depth']} | {r['sinks']} | {r['longest_path']} | {r['seconds']:.2f} |")
+    out += ["", "States are canonical (rank symmetry); transitions are counted once per distinct rank tuple "
+            "and firing.", ""]
+    out += ["## Row coverage (fire counts over every run)", ""]
+    rows = [x.name for x in DGAP.rows] + ["complete"]
+    out += ["| mode | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    for mode in sorted({r["mode"] for r in rep.runs}):
+        tot = {k: sum(r["fires"].get(k, 0) for r in rep.runs if r["mode"] == mode) for k in rows}
+        out.append(f"| {mode} | " + " | ".join(f"{tot[k]:,}" for k in rows) + " |")
+    out += [""] + [f"- waiver ({MODE_NAMES[m]}): {row}: {why}" for m, w in COVERAGE_WAIVERS.items()
+                   for row, why in w.items()] + [""]
+    out += ["## Exact worst case (rounds = collectives until all DONE)", "",
+            "Closed forms checked on every data vector: " +
+            "; ".join(f"{MODE_NAMES[m]}: {f}" for m, (f, _) in ROUNDS_CLOSED_FORM.items()) + ".", "",
+            "| mode | N | D | W | data vectors | max rounds (all vectors) | rounds == closed form | longest path |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in rep.runs:
+        es = [e for e in rep.worst_case if (e["mode"], e["n"], e["d_max"], e["w"]) ==
+              (r["mode"], r["n"], r["d_max"], r["w"])]
+        if not es:
+            continue
+        okc = all(e["max_rounds"] == e["closed_form"] for e in es)
+        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {len(es)} | "
+                   f"{max(e['max_rounds'] for e in es)} | {'yes' if okc else '**NO**'} | {r['longest_path']} |")
+    out += ["", "## Mutants", "",
+            "| mutant | what | expected killer | killed | killed by (explicit) | killed by (z3) | time (s) |",
+            "|---|---|---|---|---|---|---|"]
+    for m in rep.mutants:
+        ex = sorted({k.split("/")[0] for k in m["killers"]})
+        zs = sorted({k.split("/")[0] for k in m["symbolic_killers"]})
+        out.append(f"| {m['name']} | {m['doc']} | {m['expected']} | "
+                   f"{'yes' if m['killed_as_expected'] else '**NO**'} | {', '.join(ex) or '-'} | "
+                   f"{', '.join(zs) or ('-' if m['symbolic'] == 'ran' else m['symbolic'])} | {m['seconds']:.2f} |")
+    out += ["", "### Shortest counterexample of each mutant (its expected killer)", ""]
+    for m in rep.mutants:
+        out += [f"**{m['name']}**", "", "```", m["counterexample"] or "(none)", "```", ""]
+    if rep.counterexamples:
+        out += ["## Counterexamples on the current table", ""]
+        for key, text in rep.counterexamples:
+            out += [f"**{key}**", "", "```", text, "```", ""]
+    out += ["## The table (`odb/protocol/table.py`, `DGAP`)", ""] + render_table_md(DGAP) + [""]
+    return "\n".join(out)
+
+
+def write(rep: Report, md: Path = REPORT_MD, js: Path = REPORT_JSON) -> None:
+    md.write_text(render_md(rep))
+    js.write_text(json.dumps(rep.to_json(), indent=1, sort_keys=True, default=str) + "\n")
