@@ -131,3 +131,10 @@ def test_a_search_past_max_states_is_flagged_truncated():
     assert r.truncated
     res = check_scope(Scope(n_max=1, d_max=2, w=2, modes=(PAD,)), max_states=10)
     assert all(v.result == "unknown" for v in res.verdicts if v.method == "explicit BFS")
+
+
+def test_the_explicit_bound_is_the_one_the_symbolic_engine_states():
+    from proofs.explicit.check import Z3_BOUND_TEXT
+    from proofs.symbolic import BOUND_FORMULA
+    assert Z3_BOUND_TEXT in BOUND_FORMULA.replace(" ", " ")
+    assert "max_i d_i + 1 (pad, join)" in BOUND_FORMULA and "min_i d_i + 1 (quota)" in BOUND_FORMULA

@@ -45,6 +45,18 @@ ROUNDS_CLOSED_FORM = {
 }
 
 
+Z3_BOUND_TEXT = "sum_i (d_i + 1) + N*R*(W + 3) + R"
+
+
+def z3_transition_bound(d: tuple[int, ...], w: int, mode: int) -> int:
+    """The transition bound the z3 ranking proves (`proofs.symbolic.BOUND_FORMULA`), evaluated at `d`.
+
+    Kept in step with the symbolic engine's string by `tests/test_explicit.py`.
+    """
+    rounds = ROUNDS_CLOSED_FORM[mode][1](d)
+    return sum(x + 1 for x in d) + len(d) * rounds * (w + 3) + rounds
+
+
 @dataclass
 class ScopeResult:
     """Verdicts, per-run figures and counterexamples of one scope."""
@@ -138,6 +150,19 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
                                    "closed_form": fn(d)})
             if e["max_rounds"] != fn(d):
                 off.append((r.n, d, e["max_rounds"], fn(d)))
+    # -- the longest run against the z3 ranking bound (proofs.symbolic.BOUND_FORMULA) -------------
+    over_bound, slack = [], []
+    for r in runs:
+        for d, e in r.per_vector.items():
+            if e["longest"] is None or e["max_rounds"] is None:
+                continue
+            b = z3_transition_bound(d, r.w, mode)
+            slack.append(b - e["longest"])
+            if e["longest"] > b:
+                over_bound.append((r.n, d, e["longest"], b))
+    verdict("longest_path_within_z3_bound", not over_bound and bool(slack) and over is None,
+            f"longest path <= {Z3_BOUND_TEXT} on every data vector (min slack {min(slack)})" if slack and not
+            over_bound else f"exceeds (N, d, longest, bound): {over_bound[:4]}")
     verdict("worst_case_rounds_match_closed_form",
             not off and over is None and all(r.per_vector for r in runs),
             f"max rounds == {formula} for every data vector" if not off else
