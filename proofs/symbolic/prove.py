@@ -69,12 +69,12 @@ BOUND_STATEMENT = (
 class _Outcome:
     queries: int = 0
     unsat: int = 0
-    failures: list = field(default_factory=list)   # (what, "sat"/"unknown", detail)
+    failures: list = field(default_factory=list)   # (what, answer, detail); answer "unknown" or a wrong sat/unsat
     slowest: float = 0.0
     seconds: float = 0.0
 
     def result(self) -> str:
-        if any(kind == "sat" for _, kind, _ in self.failures):
+        if any(kind != "unknown" for _, kind, _ in self.failures):
             return "failed"
         return "unknown" if self.failures else "proved"
 
@@ -136,7 +136,7 @@ def _run(sv: z3.Solver, out: _Outcome, what: str, want: str, goal=None, explain=
         out.failures.append((what, "unknown", f"  z3: {sv.reason_unknown()} after {dt:.2f}s"))
     else:
         info = explain(sv.model()) if (explain is not None and got == "sat") else ""
-        out.failures.append((what, "sat" if want == "unsat" else f"{got} (wanted sat)", info))
+        out.failures.append((what, got if want == "unsat" else f"{got}, wanted sat", info))
     if goal is not None:
         sv.pop()
     return got

@@ -1,0 +1,131 @@
+"""The z3 all-N proofs: they pass on the DGAP table, and they have teeth.
+
+Invariant: on DGAP every verdict of every mode is "proved"; on a seeded bug some verdict is
+not; a table the encoder cannot handle gives a failed "encoding" verdict, never an exception;
+z3 "unknown" is never a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from models.properties import for_mode
+from odb.protocol.expr import Const, Field, Input, and_, eq
+from odb.protocol.table import DGAP, DONE, FILL, JOIN, PAD, QUOTA, Effect, Row
+from proofs.symbolic import BOUND_FORMULA, BOUND_STATEMENT, INVARIANT, prove_all
+from proofs.verdict import Verdict
+
+MODE_NAME = {PAD: "pad", JOIN: "join", QUOTA: "quota"}
+
+
+@pytest.fixture(scope="module")
+def dgap_verdicts() -> list[Verdict]:
+    return prove_all(DGAP, modes=(PAD, JOIN, QUOTA))
+
+
+def test_every_obligation_is_proved_on_dgap_in_every_mode(dgap_verdicts):
+    failed = [(v.mode, v.property, v.result, v.detail) for v in dgap_verdicts if not v.ok]
+    assert not failed, failed
+    for mode, name in MODE_NAME.items():
+        got = {v.property for v in dgap_verdicts if v.mode == name}
+        always = {p.name for p in for_mode(mode) if p.kind == "always"}
+        assert got == always | {"inductive_invariant", "non_vacuity", "deadlock_free", "bounded_termination"}
+
+
+def test_the_invariant_is_checked_conjunct_by_conjunct_for_every_transition(dgap_verdicts):
+    for v in dgap_verdicts:
+        if v.property == "inductive_invariant":
+            n, t = v.extra["conjuncts"], v.extra["transitions"]
+            assert t == len(DGAP.rows) + 1
+            assert v.extra["queries"] == n * (1 + t)   # Init => c, and Inv & T => c' for every T
+            assert n >= 25
+
+
+def test_non_vacuity_checks_every_transition_and_are_satisfiable(dgap_verdicts):
+    for v in dgap_verdicts:
+        if v.property == "non_vacuity":
+            # Init & Inv, every row and complete, and the deadlock query's hypotheses
+            assert v.result == "proved" and v.extra["queries"] == len(DGAP.rows) + 3
+
+
+def test_the_termination_verdict_states_its_bound(dgap_verdicts):
+    assert "sum_i (d_i + 1)" in BOUND_FORMULA and "W + 3" in BOUND_FORMULA
+    assert "lexicographic" in BOUND_STATEMENT
+    for v in dgap_verdicts:
+        if v.property == "bounded_termination":
+            assert v.extra["bound"] == BOUND_FORMULA
+            assert v.extra["queries"] >= 3 * len(DGAP.rows)
+
+
+# -- teeth: seeded bugs ---------------------------------------------------------------
+def _exit_early() -> "DGAP.__class__":
+    """A rank that goes DONE when its own source is exhausted, without posting its header."""
+    row = Row("exit_early", FILL, and_(Field("x"), eq(Field("buf"), 0)), Effect("none"), (), DONE,
+              "seeded bug: leaves the collective sequence on local exhaustion")
+    return replace(DGAP, rows=(row,) + DGAP.rows)
+
+
+def _stop_reads_local_buf():
+    """The stop decision reads the rank's own buf instead of the collective's result."""
+    lets = dict(DGAP.lets)
+    lets["stop"] = eq(Field("buf"), 0)
+    return replace(DGAP, lets=tuple(lets.items()))
+
+
+def test_a_rank_that_exits_without_posting_is_caught_in_every_mode():
+    verdicts = prove_all(_exit_early(), modes=(PAD, JOIN, QUOTA))
+    for name in MODE_NAME.values():
+        inv = next(v for v in verdicts if v.mode == name and v.property == "inductive_invariant")
+        assert inv.result == "failed"
+        # the failure names the transition and the conjunct, and prints a two-state CTI
+        assert "exit_early =>" in inv.detail and "fires exit_early" in inv.detail and "field" in inv.detail
+        # nothing derived from a broken invariant is reported as proved
+        derived = [v for v in verdicts if v.mode == name and v.property not in ("inductive_invariant", "non_vacuity")]
+        assert derived and all(v.result == "unknown" and "not attempted" in v.detail for v in derived)
+
+
+def test_a_decision_that_reads_local_state_is_caught():
+    verdicts = prove_all(_stop_reads_local_buf(), modes=(PAD,))
+    inv = next(v for v in verdicts if v.property == "inductive_invariant")
+    assert inv.result == "failed" and "return_stop" in inv.detail
+
+
+def test_a_filler_that_is_never_counted_down_is_caught():
+    bad = DGAP.replace_row("emit_filler", updates=(("nb", Field("nb") + 1), ("k", Field("k") + 1)))
+    assert any(not v.ok for v in prove_all(bad, modes=(PAD,)))
+
+
+def test_a_row_that_can_never_fire_fails_non_vacuity():
+    dead = DGAP.replace_row("see_exhausted", guard=and_(Const(False), Input("src_has")))
+    verdicts = prove_all(dead, modes=(PAD,))
+    nv = next(v for v in verdicts if v.property == "non_vacuity")
+    assert nv.result == "failed" and "see_exhausted" in nv.detail
+
+
+@pytest.mark.parametrize("table,needle", [
+    (DGAP.replace_row("end_round", updates=(("T", Const(True)),)), "sort"),
+    (DGAP.replace_row("take_sample", guard=Input("no_such_input")), "no_such_input"),
+    (DGAP.replace_row("end_round", updates=(("no_such_field", Const(0)),)), "no_such_field"),
+    (DGAP.replace_row("post_header", effect=Effect("post", payload=(("m", Field("buf")),), shape=Const(1))),
+     "header field 'n'"),
+    (replace(DGAP, aggregates=DGAP.aggregates[:2]), "aggregate"),
+], ids=["ill_sorted_update", "unknown_input", "unknown_field", "payload_without_n", "two_aggregates"])
+def test_an_unencodable_table_gives_a_failed_verdict_not_an_exception(table, needle):
+    verdicts = prove_all(table, modes=(PAD, QUOTA))
+    assert verdicts and all(not v.ok for v in verdicts)
+    enc = [v for v in verdicts if v.property == "encoding"]
+    assert len(enc) == 2 and all(v.result == "failed" and needle in v.detail for v in enc)
+
+
+def test_z3_unknown_is_never_a_pass():
+    verdicts = prove_all(DGAP, modes=(PAD,), timeout_ms=1)
+    inv = next(v for v in verdicts if v.property == "inductive_invariant")
+    assert inv.result == "unknown" and not inv.ok and "unknown" in inv.detail
+    assert not any(v.ok for v in verdicts if v.property != "non_vacuity" and v.property != "inductive_invariant")
+
+
+def test_invariant_conjunct_names_are_unique():
+    names = [c.name for c in INVARIANT]
+    assert len(names) == len(set(names))
