@@ -97,6 +97,22 @@ def test_a_filler_that_is_never_counted_down_is_caught():
     assert any(not v.ok for v in prove_all(bad, modes=(PAD,)))
 
 
+def test_a_rank_stuck_in_emit_is_a_deadlock():
+    stuck = DGAP.replace_row("end_round", guard=and_(eq(Field("nreal"), 0), eq(Field("nfill"), 0), eq(Field("T"), 0)))
+    verdicts = {v.property: v for v in prove_all(stuck, modes=(PAD,))}
+    # the invariant still holds (end_round simply never fires), so the deadlock query is the one that bites
+    assert verdicts["inductive_invariant"].ok
+    assert verdicts["deadlock_free"].result == "failed" and "field" in verdicts["deadlock_free"].detail
+
+
+def test_a_filler_row_that_changes_nothing_breaks_termination():
+    loop = DGAP.replace_row("emit_filler", updates=())
+    verdicts = {v.property: v for v in prove_all(loop, modes=(PAD,))}
+    assert verdicts["inductive_invariant"].ok and verdicts["deadlock_free"].ok
+    term = verdicts["bounded_termination"]
+    assert term.result == "failed" and "emit_filler decreases" in term.detail
+
+
 def test_a_row_that_can_never_fire_fails_non_vacuity():
     dead = DGAP.replace_row("see_exhausted", guard=and_(Const(False), Input("src_has")))
     verdicts = prove_all(dead, modes=(PAD,))

@@ -360,11 +360,14 @@ class Encoder:
 
     def complete_disabled(self, s: Sym) -> z3.BoolRef:
         """``complete`` has no successor: written existentially (some rank is not posted at round k,
-        two posted shapes differ, or the proposal range is empty)."""
-        j, j2 = self.fresh("j"), self.fresh("j")
-        not_ready = z3.Exists([j], z3.And(self.rank(j), z3.Not(z3.And(
-            s.arr("ph")[j] == WAIT, s.arr("rd")[j] == s.globals["k"], s.arr("posted")[j] == 1))))
-        mismatch = z3.Exists([j, j2], z3.And(self.rank(j), self.rank(j2), s.arr("pshape")[j] != s.arr("pshape")[j2]))
+        two posted shapes differ, or the proposal range is empty).  Only for top-level positive use
+        (its ranks are free constants, i.e. implicitly existential)."""
+        # Free constants rather than Exists: the formula is asserted positively at top level, so
+        # this is the same, and the counterexample then names the rank that is not ready.
+        j, j2, j3 = z3.Int("q.not_ready"), z3.Int("q.shape_a"), z3.Int("q.shape_b")
+        not_ready = z3.And(self.rank(j), z3.Not(z3.And(
+            s.arr("ph")[j] == WAIT, s.arr("rd")[j] == s.globals["k"], s.arr("posted")[j] == 1)))
+        mismatch = z3.And(self.rank(j2), self.rank(j3), s.arr("pshape")[j2] != s.arr("pshape")[j3])
         p = self.table.proposal
         leaf = self._cfg_leaf()
         return z3.Or(not_ready, mismatch, self._z3(p.lo, leaf) > self._z3(p.hi, leaf))

@@ -167,11 +167,22 @@ def _two_state(ctx: _Ctx, model: z3.ModelRef, pre: Sym, post: Sym | None, step: 
     def cell(before, after) -> str:
         return before if after is None or after == before else f"{before}->{after}"
 
+    # the ranks the counterexample is about: the acting rank, aggregate witnesses, skolem ranks
+    focus: list[int] = []
+    for d in model.decls():
+        nm = d.name()
+        if d.arity() == 0 and (nm.startswith(("i.", "q.", "R.witness")) or "witness" in nm or nm.startswith("j!")):
+            v = model[d]
+            if z3.is_int_value(v) and 0 <= v.as_long() < n and v.as_long() not in focus:
+                focus.append(v.as_long())
+    if step is not None and step.rank is not None:
+        r = model.eval(step.rank, model_completion=True).as_long()
+        focus = [r] + [x for x in focus if x != r]
+    ranks = sorted(set(focus[:max_ranks]) | set(range(n)[: max(0, max_ranks - len(focus[:max_ranks]))]))
     g = [f"{name}={cell(_val(model, pre.globals[name]), None if post is None else _val(model, post.globals[name]))}"
          for name in GLOBALS]
     lines.append("  globals: " + ", ".join(g))
     names = list(ctx.table.field_names) + list(ENV_ARRAYS)
-    ranks = list(range(min(n, max_ranks)))
     lines.append("  field   | " + " | ".join(f"r{j}" for j in ranks))
     for name in names:
         cells = []
@@ -180,8 +191,8 @@ def _two_state(ctx: _Ctx, model: z3.ModelRef, pre: Sym, post: Sym | None, step: 
             a = None if post is None else _val(model, post.arr(name)[j])
             cells.append(cell(b, a))
         lines.append(f"  {name:<7} | " + " | ".join(cells))
-    if n > max_ranks:
-        lines.append(f"  ({n - max_ranks} more ranks not shown)")
+    if n > len(ranks):
+        lines.append(f"  ({n - len(ranks)} more ranks not shown; every rank satisfies the invariant)")
     return "\n".join(lines)
 
 
