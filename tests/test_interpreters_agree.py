@@ -246,3 +246,35 @@ def test_every_invariant_conjunct_holds_on_every_reachable_state(mode):
                     assert holds(c.formula, view), f"{c.name} fails in reachable state {s}"
                     checked += 1
     assert checked > 20_000
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["pad", "join", "quota"])
+def test_deadlock_query_ingredients_match_the_explicit_model(mode):
+    """`local_enabled` and `complete_disabled` (the deadlock query's parts) agree with the
+    explicit model: a rank has a local successor iff z3 says it is enabled, and the environment
+    has no successor iff z3 says complete is disabled (every reachable state at N=2)."""
+    model = Model(W=W, mode=mode)
+    n = 2
+    enc = Encoder(DGAP, mode, tag=f"#en{mode}")
+    pre = enc.state("pre")
+    terms = [(f, j, pre.arr(f)[j]) for f in list(DGAP.field_names) + list(ENV_ARRAYS) for j in range(n)]
+    sv = z3.Solver()
+    sv.set("timeout", 20_000)
+    cfg = enc.cfg
+    sv.add(*enc.background, enc.N == n, cfg["W"] == W, cfg["header_len"] == 1)
+    enabled = [enc.local_enabled(pre, z3.IntVal(j)) for j in range(n)]
+    disabled = enc.complete_disabled(pre)
+    seen = set()
+    for s in _states(mode, tuple(d for d in DATA if len(d) == n)):
+        sv.push()
+        sv.add(*[t == s.rank_value(j, f) for f, j, t in terms],
+               *[term == s.global_value(g) for g, term in pre.globals.items()])
+        for j in range(n):
+            want = any(True for _ in model.local_successors(s, j))
+            assert sv.check(enabled[j]) == (z3.sat if want else z3.unsat), (s, j)
+            seen.add(("rank", want))
+        want_env = any(True for _ in model.env_successors(s))
+        assert sv.check(disabled) == (z3.unsat if want_env else z3.sat), s
+        seen.add(("env", want_env))
+        sv.pop()
+    assert seen == {("rank", True), ("rank", False), ("env", True), ("env", False)}
