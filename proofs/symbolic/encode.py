@@ -51,7 +51,7 @@ from typing import Mapping
 import z3
 
 from models.logic import GV, RF, Exists, Forall
-from odb.protocol.expr import Cfg, Const, Expr, Field, Hdr, Input, Let, Op, Param, to_z3
+from odb.protocol.expr import Cfg, Expr, Field, Hdr, Input, Let, Op, Param, to_z3
 from odb.protocol.table import WAIT, Row, Table
 
 __all__ = ["EncodingError", "Encoder", "Sym", "Step", "ENV_ARRAYS", "MAILBOX", "GLOBALS"]
