@@ -18,6 +18,13 @@ Environment semantics (the only things the table does not say itself):
                   arbitrary but, being a pure function of the gathered headers, the
                   same on every rank), sets ``k += 1`` and empties the mailbox.
                   A rank may return (``in.ready``) once ``k == rd_i + 1``.
+    stopping      ``quit`` is one environment transition per rank: at any time
+                  before the rank is DONE its local status ``qt_i`` may turn
+                  from 0 to 1 (its consumer closed the loader, or its source
+                  raised), at most once, and for at most ``quits`` ranks per run.
+                  The rank reads it as ``in.quit``.  The table treats every
+                  non-zero status alike (1 closed and 2 failed differ only in
+                  the runtime's messages), so the model uses 1.
 
 A `SysState` is immutable and hashable.  Ranks are stored as tuples of the
 table's field values in table order followed by the per-rank environment
@@ -35,15 +42,15 @@ from odb.protocol.table import DGAP, DONE, WAIT, Table
 
 __all__ = ["SysState", "Model", "Label"]
 
-_ENV_FIELDS = ("src", "d", "posted", "pn", "pshape")
+_ENV_FIELDS = ("src", "d", "posted", "pn", "pshape", "qt", "pst")
 
 
 @dataclass(frozen=True)
 class SysState:
     table_fields: tuple[str, ...]
-    ranks: tuple[tuple, ...]   # per rank: table fields..., src, d, posted, pn, pshape
+    ranks: tuple[tuple, ...]   # per rank: table fields..., src, d, posted, pn, pshape, qt, pst
     k: int
-    mb: tuple                  # (max_n, min_n, min_pos_n, proposal) of the last completed collective
+    mb: tuple                  # (max_st, max_n, min_n, min_pos_n, proposal) of the last completed collective
     cfg_items: tuple
 
     @property
@@ -68,7 +75,7 @@ class SysState:
     def global_value(self, name: str):
         if name == "k":
             return self.k
-        names = ("max_n", "min_n", "min_pos_n", "proposal")
+        names = ("max_st", "max_n", "min_n", "min_pos_n", "proposal")
         if name in names:
             return self.mb[names.index(name)]
         return self.cfg[name]
@@ -96,10 +103,14 @@ class Label:
 
 
 class Model:
-    """The composed transition system for one table and one configuration."""
+    """The composed transition system for one table and one configuration.
 
-    def __init__(self, table: Table = DGAP, *, W: int, mode: int, header_len: int = 1):
+    :param quits: how many ranks may stop (``quit``) in one run (0: none).
+    """
+
+    def __init__(self, table: Table = DGAP, *, W: int, mode: int, header_len: int = 1, quits: int = 0):
         self.table = table
+        self.quits = quits
         self.cfg = {"W": W, "mode": mode, "header_len": header_len}
         self._fields = table.field_names
         self._init_local = machine.initial_local(table, self.cfg)
@@ -107,28 +118,31 @@ class Model:
     def initial(self, data: tuple[int, ...]) -> SysState:
         """The initial state for per-rank shard sizes `data`."""
         loc = tuple(self._init_local[f] for f in self._fields)
-        ranks = tuple(loc + (d, d, 0, 0, 0) for d in data)
-        return SysState(self._fields, ranks, 0, (0, 0, 0, 0), tuple(sorted(self.cfg.items())))
+        ranks = tuple(loc + (d, d, 0, 0, 0, 0, 0) for d in data)
+        return SysState(self._fields, ranks, 0, (0, 0, 0, 0, 0), tuple(sorted(self.cfg.items())))
 
     # -- transitions ---------------------------------------------------------
-    def _inputs(self, s: SysState, i: int) -> dict:
+    def inputs(self, s: SysState, i: int) -> dict:
+        """The inputs the environment offers rank i in state s (what its guards may read)."""
         rd = s.rank_value(i, "rd")
-        max_n, min_n, min_pos_n, proposal = s.mb
+        max_st, max_n, min_n, min_pos_n, proposal = s.mb
         return {
             "src_has": s.rank_value(i, "src") > 0,
+            "quit": s.rank_value(i, "qt"),
             "ready": s.k == rd + 1,
-            "max_n": max_n, "min_n": min_n, "min_pos_n": min_pos_n, "proposal": proposal,
+            "max_st": max_st, "max_n": max_n, "min_n": min_n, "min_pos_n": min_pos_n, "proposal": proposal,
         }
 
     def local_successors(self, s: SysState, i: int) -> Iterator[tuple[Label, SysState]]:
         local = s.local(i)
         env = list(s.ranks[i][len(self._fields):])
-        for st in machine.successors(self.table, local, self._inputs(s, i), self.cfg):
+        for st in machine.successors(self.table, local, self.inputs(s, i), self.cfg):
             new_env = list(env)
             if st.effect == "fetch" and st.inputs.get("src_has"):
                 new_env[0] -= 1
             if st.effect == "post":
                 new_env[2], new_env[3], new_env[4] = 1, st.payload["n"], st.payload["shape"]
+                new_env[6] = st.payload["st"]
             rank = tuple(st.after[f] for f in self._fields) + tuple(new_env)
             ranks = s.ranks[:i] + (rank,) + s.ranks[i + 1:]
             yield Label(i, st.row, tuple(sorted(st.params.items()))), SysState(
@@ -143,7 +157,8 @@ class Model:
     def env_successors(self, s: SysState) -> Iterator[tuple[Label, SysState]]:
         if not self.complete_enabled(s):
             return
-        headers = [{"n": s.rank_value(i, "pn"), "shape": s.rank_value(i, "pshape")} for i in range(s.n)]
+        headers = [{"n": s.rank_value(i, "pn"), "st": s.rank_value(i, "pst"), "shape": s.rank_value(i, "pshape")}
+                   for i in range(s.n)]
         if len({h["shape"] for h in headers}) > 1:
             return  # a collective mismatch never completes (it hangs or aborts): no successor
         agg = [machine.aggregate(a, headers, self.cfg) for a in self.table.aggregates]
@@ -151,12 +166,24 @@ class Model:
         lo = evaluate(p.lo, Scope(cfg=self.cfg))
         hi = evaluate(p.hi, Scope(cfg=self.cfg))
         ip = len(self._fields)
-        ranks = tuple(r[:ip + 2] + (0, 0, 0) for r in s.ranks)
+        ranks = tuple(r[:ip + 2] + (0, 0, 0, r[ip + 5], 0) for r in s.ranks)
         for v in range(lo, hi + 1):
             yield Label(None, "complete", (("proposal", v),)), SysState(
                 s.table_fields, ranks, s.k + 1, tuple(agg) + (v,), s.cfg_items)
+
+    def quit_successors(self, s: SysState) -> Iterator[tuple[Label, SysState]]:
+        """The environment makes rank i stop (at most `quits` ranks per run)."""
+        iq = len(self._fields) + 5
+        if sum(1 for r in s.ranks if r[iq]) >= self.quits:
+            return
+        for i in range(s.n):
+            r = s.ranks[i]
+            if r[iq] == 0 and s.rank_value(i, "ph") != DONE:
+                ranks = s.ranks[:i] + (r[:iq] + (1,) + r[iq + 1:],) + s.ranks[i + 1:]
+                yield Label(None, "quit", (("rank", i),)), SysState(s.table_fields, ranks, s.k, s.mb, s.cfg_items)
 
     def successors(self, s: SysState) -> Iterator[tuple[Label, SysState]]:
         for i in range(s.n):
             yield from self.local_successors(s, i)
         yield from self.env_successors(s)
+        yield from self.quit_successors(s)

@@ -29,10 +29,13 @@ RANK_ENV = {
     "posted": "1 if the rank's header for the current collective is in the mailbox, else 0",
     "pn": "the posted header's n (meaningful when posted == 1)",
     "pshape": "the posted header's shape (meaningful when posted == 1)",
+    "qt": "the rank's local stop status as the environment set it (0: running; 1: must stop)",
+    "pst": "the posted header's status (meaningful when posted == 1)",
 }
 # Global environment values.
 GLOBAL_ENV = {
     "k": "collectives completed so far",
+    "max_st": "aggregate of the last completed collective",
     "max_n": "aggregate of the last completed collective",
     "min_n": "aggregate of the last completed collective",
     "min_pos_n": "aggregate of the last completed collective",

@@ -68,21 +68,27 @@ PROPERTIES: tuple[Property, ...] = (
         witness="two_headers_posted"),
     Property(
         "round_emits_target", "always",
-        Forall("i", implies(ph_is("i", EMIT), eq(f("i", "k") + f("i", "nreal") + f("i", "nfill"), f("i", "T")))),
+        Forall("i", implies(ph_is("i", EMIT), eq(f("i", "kb") + f("i", "nreal") + f("i", "nfill"), f("i", "T")))),
         "PAD and QUOTA: every rank emits exactly T batches in every round (fillers included)",
         modes=(PAD, QUOTA), witness="a_filler_is_emitted"),
     Property(
         "join_round_emits_target_or_nothing", "always",
         Forall("i", implies(ph_is("i", EMIT), or_(
-            eq(f("i", "k") + f("i", "nreal") + f("i", "nfill"), f("i", "T")),
-            and_(eq(f("i", "k"), 0), eq(f("i", "nreal"), 0), eq(f("i", "nfill"), 0), eq(f("i", "buf"), 0))))),
+            eq(f("i", "kb") + f("i", "nreal") + f("i", "nfill"), f("i", "T")),
+            and_(eq(f("i", "kb"), 0), eq(f("i", "nreal"), 0), eq(f("i", "nfill"), 0), eq(f("i", "buf"), 0))))),
         "JOIN: in every round a rank with data emits exactly T batches, a rank without data none",
         modes=(JOIN,), witness="join_rank_idles_while_another_emits"),
     Property(
         "equal_steps_at_end", "always",
         Forall("i", Forall("j", implies(and_(ph_is("i", DONE), ph_is("j", DONE)), eq(f("i", "nb"), f("j", "nb"))))),
-        "PAD and QUOTA: finished ranks have emitted the same number of batches",
+        "PAD and QUOTA: finished ranks have emitted the same number of batches (also after an abort)",
         modes=(PAD, QUOTA), witness="all_done_with_uneven_data"),
+    Property(
+        "ranks_agree_on_abort", "always",
+        Forall("i", Forall("j", implies(and_(ph_is("i", DONE), ph_is("j", DONE)), eq(f("i", "ab"), f("j", "ab"))))),
+        "finished ranks agree on whether the epoch completed or was aborted (a stopping rank takes every rank "
+        "with it in the same round; nobody is left in a collective)",
+        witness="an_abort_reaches_a_healthy_rank"),
     # -- data accounting ---------------------------------------------------------
     Property(
         "samples_accounted", "always",
@@ -97,12 +103,13 @@ PROPERTIES: tuple[Property, ...] = (
         witness="carry_is_held_across_rounds"),
     Property(
         "nothing_left_at_end", "always",
-        Forall("i", implies(ph_is("i", DONE), and_(eq(f("i", "buf"), 0), eq(f("i", "src"), 0)))),
-        "PAD and JOIN: a finished rank has emitted every sample of its shard (exactly once, with samples_accounted)",
+        Forall("i", implies(and_(ph_is("i", DONE), not_(f("i", "ab"))), and_(eq(f("i", "buf"), 0), eq(f("i", "src"), 0)))),
+        "PAD and JOIN: a rank that finished without an abort has emitted every sample of its shard "
+        "(exactly once, with samples_accounted)",
         modes=(PAD, JOIN), witness="all_done_with_uneven_data"),
     Property(
         "quota_closure", "always",
-        implies(Forall("i", ph_is("i", DONE)), and_(
+        implies(Forall("i", and_(ph_is("i", DONE), not_(f("i", "ab")))), and_(
             Exists("j", eq(f("j", "em"), f("j", "d"))),
             Forall("i", ge(f("i", "em"), f("i", "nb"))))),
         "QUOTA: at the end some rank has emitted its whole shard, and every rank i has "
@@ -123,11 +130,11 @@ PROPERTIES: tuple[Property, ...] = (
              Exists("i", and_(ph_is("i", EMIT), ge(f("i", "nfill"), 1))),
              "PAD: a rank short of samples owes filler batches", modes=(PAD,)),
     Property("quota_rounds_are_full", "sometimes",
-             Exists("i", and_(ph_is("i", EMIT), ge(f("i", "T"), 1), eq(f("i", "k"), 0))),
+             Exists("i", and_(ph_is("i", EMIT), ge(f("i", "T"), 1), eq(f("i", "kb"), 0))),
              "QUOTA: a round with a positive target starts", modes=(QUOTA,)),
     Property("join_rank_idles_while_another_emits", "sometimes",
              Exists("i", Exists("j", and_(ph_is("i", EMIT), ph_is("j", EMIT), eq(f("i", "T"), f("j", "T")),
-                                          eq(f("i", "nreal"), 0), eq(f("i", "k"), 0), ge(f("j", "nreal"), 1)))),
+                                          eq(f("i", "nreal"), 0), eq(f("i", "kb"), 0), ge(f("j", "nreal"), 1)))),
              "JOIN: a rank with no data sits out a round in which another emits", modes=(JOIN,)),
     Property("all_done_with_uneven_data", "sometimes",
              and_(Forall("i", ph_is("i", DONE)), Exists("i", Exists("j", ne(f("i", "d"), f("j", "d"))))),
@@ -135,6 +142,9 @@ PROPERTIES: tuple[Property, ...] = (
     Property("carry_is_held_across_rounds", "sometimes",
              Exists("i", and_(ph_is("i", FILL), ge(f("i", "rd"), 1), ge(f("i", "buf"), 1), eq(f("i", "x"), False))),
              "a rank starts a round still holding samples carried from the previous one"),
+    Property("an_abort_reaches_a_healthy_rank", "sometimes",
+             Exists("i", Exists("j", and_(ph_is("i", DONE), f("i", "ab"), eq(f("i", "qt"), 0), eq(f("j", "qt"), 1)))),
+             "a rank that did not stop itself ends the epoch by an abort another rank posted"),
     Property("a_rank_waits_for_a_slow_peer", "sometimes",
              Exists("i", Exists("j", and_(ph_is("i", WAIT), ph_is("j", FILL), eq(f("i", "rd"), f("j", "rd"))))),
              "a rank has posted while another still fills its window"),

@@ -11,6 +11,7 @@ One round, as every rank runs it (one row = one ``step()`` of the runtime):
 
     FILL --take_sample/see_exhausted--> FILL      ask the data source, one sample at a time
     FILL --post_header------------------> WAIT    SYNC: post ``n = buf`` to the round's collective
+    WAIT --return_abort-----------------> DONE    some rank posted a non-zero status: every rank stops
     WAIT --return_stop------------------> DONE    the gathered headers say the epoch is over
     WAIT --return_go--------------------> EMIT    target ``T`` from the gathered headers only
     EMIT --emit_group / emit_filler-----> EMIT    one local batch per step
@@ -22,6 +23,13 @@ carried to the next round) within ``[real, buf]``; each ``emit_group`` picks
 ``take`` (the batch's sample count) so that the ``real`` batches are non-empty
 and together hold exactly ``use`` samples.  The bounds are part of the rows and
 are checked at run time and in every trace.
+
+Aborts are part of the table, not a side channel: a rank that must stop
+(its consumer closed the loader, or its data source raised) sees ``in.quit > 0``
+(its own local status: 1 closed, 2 failed), stops fetching, and posts its
+next header with ``st = in.quit``.  The collective's ``max_st`` then sends
+every rank to DONE in the same round through ``return_abort`` (``ab = true``),
+so a stopping rank never leaves its peers blocked in a collective.
 
 The decision (`LETS`) reads only `Input`s that come from the collective
 (aggregates of every rank's header, and the policy's proposal, a pure function
@@ -241,6 +249,7 @@ class Table:
             for c in r.choices:
                 k[Param(c.name)] = "int"
         k[Hdr("n")] = "int"
+        k[Hdr("st")] = "int"
         return k
 
     def validate(self) -> None:
@@ -301,7 +310,7 @@ W = Cfg("W")
 MODE = Cfg("mode")
 ph, rd, buf, x = Field("ph"), Field("rd"), Field("buf"), Field("x")
 T, nreal, nfill, pend = Field("T"), Field("nreal"), Field("nfill"), Field("pend")
-em, nb, k = Field("em"), Field("nb"), Field("k")
+em, nb, kb = Field("em"), Field("nb"), Field("kb")
 
 _FIELDS = (
     FieldSpec("ph", "int", Const(FILL), "phase: FILL, WAIT, EMIT or DONE"),
@@ -312,14 +321,17 @@ _FIELDS = (
     FieldSpec("nreal", "int", Const(0), "real batches still to emit this round"),
     FieldSpec("nfill", "int", Const(0), "filler batches still to emit this round (PAD)"),
     FieldSpec("pend", "int", Const(0), "samples still to emit this round (the rest of buf is carry)"),
+    FieldSpec("ab", "bool", Const(False), "the epoch ended by an abort (some rank posted a non-zero status)"),
     FieldSpec("em", "int", Const(0), "ghost: samples emitted so far", ghost=True),
     FieldSpec("nb", "int", Const(0), "ghost: batches emitted so far, fillers included", ghost=True),
-    FieldSpec("k", "int", Const(0), "ghost: batches emitted in this round, fillers included", ghost=True),
+    FieldSpec("kb", "int", Const(0), "ghost: batches emitted in this round, fillers included", ghost=True),
 )
 
 _INPUTS = (
     InputSpec("src_has", "bool", "data", "the data source produced a sample (false: it is exhausted)"),
+    InputSpec("quit", "int", "local", "this rank must stop: 0 no, 1 its consumer closed the loader, 2 a local error"),
     InputSpec("ready", "bool", "collective", "this rank's collective of round rd has completed"),
+    InputSpec("max_st", "int", "collective", "largest posted status (0: every rank is healthy)"),
     InputSpec("max_n", "int", "collective", "largest posted window"),
     InputSpec("min_n", "int", "collective", "smallest posted window"),
     InputSpec("min_pos_n", "int", "collective", "smallest non-empty posted window (W+1 if none)"),
@@ -327,6 +339,7 @@ _INPUTS = (
 )
 
 _AGGREGATES = (
+    Aggregate("max_st", "max", Hdr("st"), "largest status: non-zero means some rank stops"),
     Aggregate("max_n", "max", Hdr("n"), "largest window"),
     Aggregate("min_n", "min", Hdr("n"), "smallest window"),
     Aggregate("min_pos_n", "min", ite(gt(Hdr("n"), 0), Hdr("n"), W + 1), "smallest non-empty window"),
@@ -336,6 +349,7 @@ _PROPOSAL = Choice("proposal", Const(1), W, "the alignment policy's proposed tar
 
 # The decision: a function of the collective's result only.
 _LETS = (
+    ("abort", gt(Input("max_st"), 0)),
     ("stop", ite(eq(MODE, QUOTA), eq(Input("min_n"), 0), eq(Input("max_n"), 0))),
     ("hi", ite(eq(MODE, PAD), Input("max_n"), ite(eq(MODE, JOIN), Input("min_pos_n"), Input("min_n")))),
     ("target", mx(Const(1), mn(Input("proposal"), Let("hi")))),
@@ -344,32 +358,37 @@ _LETS = (
 _real = mn(Let("target"), buf)  # local: real batches this rank can form this round
 
 _ROWS = (
-    Row("take_sample", FILL, and_(not_(x), lt(buf, W), Input("src_has")), Effect("fetch"),
+    Row("take_sample", FILL, and_(not_(x), lt(buf, W), eq(Input("quit"), 0), Input("src_has")), Effect("fetch"),
         (("buf", buf + 1),), FILL,
         "the source produced a sample: add it to the window"),
-    Row("see_exhausted", FILL, and_(not_(x), lt(buf, W), not_(Input("src_has"))), Effect("fetch"),
+    Row("see_exhausted", FILL, and_(not_(x), lt(buf, W), eq(Input("quit"), 0), not_(Input("src_has"))),
+        Effect("fetch"),
         (("x", Const(True)),), FILL,
         "the source is exhausted: remember it (a rank learns this only by asking)"),
-    Row("post_header", FILL, or_(eq(buf, W), x), Effect("post", payload=(("n", buf),), shape=HEADER_SHAPE),
+    Row("post_header", FILL, or_(eq(buf, W), x, gt(Input("quit"), 0)),
+        Effect("post", payload=(("n", buf), ("st", Input("quit"))), shape=HEADER_SHAPE),
         (), WAIT,
-        "SYNC: every rank posts its window size to the round's collective, full or exhausted"),
-    Row("return_stop", WAIT, and_(Input("ready"), Let("stop")), Effect("collect"),
+        "SYNC: every rank posts its window size and status to the round's collective: full, exhausted or stopping"),
+    Row("return_abort", WAIT, and_(Input("ready"), Let("abort")), Effect("collect"),
+        (("rd", rd + 1), ("ab", Const(True))), DONE,
+        "some rank posted a non-zero status: every rank stops in the same round"),
+    Row("return_stop", WAIT, and_(Input("ready"), not_(Let("abort")), Let("stop")), Effect("collect"),
         (("rd", rd + 1),), DONE,
         "the gathered headers say the epoch is over: every rank stops in the same round"),
-    Row("return_go", WAIT, and_(Input("ready"), not_(Let("stop"))), Effect("collect"),
+    Row("return_go", WAIT, and_(Input("ready"), not_(Let("abort")), not_(Let("stop"))), Effect("collect"),
         (("rd", rd + 1), ("T", Let("target")), ("nreal", _real),
          ("nfill", ite(eq(MODE, PAD), Let("target") - _real, Const(0))),
-         ("pend", Param("use")), ("k", Const(0))), EMIT,
+         ("pend", Param("use")), ("kb", Const(0))), EMIT,
         "the common target T; this rank will emit `real` groups holding `use` samples, plus fillers in PAD",
         choices=(Choice("use", _real, buf, "samples the grouping emits this round; buf - use is carried"),)),
     Row("emit_group", EMIT, gt(nreal, 0), Effect("emit", count=Param("take")),
         (("buf", buf - Param("take")), ("pend", pend - Param("take")), ("nreal", nreal - 1),
-         ("em", em + Param("take")), ("nb", nb + 1), ("k", k + 1)), EMIT,
+         ("em", em + Param("take")), ("nb", nb + 1), ("kb", kb + 1)), EMIT,
         "hand one real batch of `take` samples to the trainer",
         choices=(Choice("take", ite(eq(nreal, 1), pend, Const(1)), ite(eq(nreal, 1), pend, pend - nreal + 1),
                         "samples in this batch: every batch non-empty, the last takes the rest"),)),
     Row("emit_filler", EMIT, and_(eq(nreal, 0), gt(nfill, 0)), Effect("filler"),
-        (("nfill", nfill - 1), ("nb", nb + 1), ("k", k + 1)), EMIT,
+        (("nfill", nfill - 1), ("nb", nb + 1), ("kb", kb + 1)), EMIT,
         "hand one zero-weight filler batch to the trainer (PAD only)"),
     Row("end_round", EMIT, and_(eq(nreal, 0), eq(nfill, 0)), Effect("none"),
         (("T", Const(0)),), FILL,
