@@ -69,7 +69,7 @@ def test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_pat
     assert [v["stats"]["dropped"] for v in values] == [1, 1]
     assert all(s["scale"] == 0 for v in values for s in v["steps"] if s["filler"])
     rows = conform(tmp_path)
-    assert set(rows) == {r.name for r in DGAP.rows}
+    assert set(rows) == {r.name for r in DGAP.rows} - {"return_abort"}
 
 
 def test_join_with_an_iterable_dataset_and_an_empty_rank_emits_every_sample_once(tmp_path):
@@ -108,7 +108,8 @@ def test_getitem_exception_fails_its_rank_with_the_index_and_the_others_with_ran
     assert [t for t, _ in by_type] == ["RankFailure", "SampleError"], by_type
     assert "index 21 failed in preprocessing" in by_type[1][1]
     assert "round" in by_type[0][1] and "local error" in by_type[0][1]
-    conform(tmp_path, allow_abort=True)
+    rows = conform(tmp_path, allow_abort=True)
+    assert rows["return_abort"] == 2  # the abort went through the table on both ranks
 
 
 def test_collate_exception_fails_its_rank_and_the_others_with_rank_failure(tmp_path):
@@ -117,7 +118,7 @@ def test_collate_exception_fails_its_rank_and_the_others_with_rank_failure(tmp_p
     assert types == ["RankFailure", "SampleError"], [(r.status, r.error) for r in res]
     failing = next(r for r in res if r.error_type == "SampleError")
     assert "collate_fn raised ValueError" in failing.error and "7" in failing.error
-    conform(tmp_path, allow_abort=True)
+    assert conform(tmp_path, allow_abort=True)["return_abort"] == 2
 
 
 def test_a_dead_rank_makes_the_others_raise_rank_failure_within_the_timeout(tmp_path):
@@ -136,14 +137,30 @@ def test_one_rank_breaking_early_is_not_hidden_from_the_others(tmp_path):
     assert sorted(r.status for r in res) == ["error", "ok"], [(r.status, r.error) for r in res]
     err = next(r for r in res if r.status == "error")
     assert err.error_type == "RankFailure" and "stopped iterating" in err.error
-    conform(tmp_path, allow_abort=True)
+    assert "rank 0 stopped iterating" in err.error and "round" in err.error
+    rows = conform(tmp_path, allow_abort=True)
+    assert rows["return_abort"] == 2 and "return_stop" not in rows
+
+
+def test_a_fetch_error_on_one_rank_ends_both_ranks_through_the_table_without_a_timeout(tmp_path):
+    # oversize="error" on one rank's sample: the fetch raises on rank 1 only; rank 0 keeps
+    # emitting until the abort round, and both ranks end there (no timeout involved).
+    lengths = list(LENGTHS)
+    lengths[60] = 1000
+    shards = [list(range(0, 40)), list(range(40, 80))]
+    t0 = time.monotonic()
+    res = run(tmp_path, 2, lengths=lengths, shards=shards, oversize="error", W=4, timeout_s=20)
+    assert [r.error_type for r in res] == ["RankFailure", "SampleError"], [(r.status, r.error) for r in res]
+    assert "index 60 has sizes" in res[1].error and "rank 1 failed with a local error" in res[0].error
+    assert time.monotonic() - t0 < 15  # well under timeout_s: the abort came through the collective
+    assert conform(tmp_path, allow_abort=True)["return_abort"] == 2
 
 
 def test_all_ranks_breaking_at_the_same_step_shut_down_cleanly(tmp_path):
     res = run(tmp_path, 2, W=4, break_at=2)
     values = ok_values(res)
     assert [len(v["steps"]) for v in values] == [3, 3]
-    conform(tmp_path, allow_abort=True)
+    assert conform(tmp_path, allow_abort=True)["return_abort"] == 2
 
 
 def test_resume_round_trip_emits_every_sample_exactly_once(tmp_path):
@@ -200,8 +217,10 @@ def test_torchrun_two_processes_on_loopback(tmp_path):
 
 
 def test_real_runs_fire_every_table_row(tmp_path):
-    """Across this module's runs every row fired (run alone, the PAD scenario covers them)."""
-    if set(COVERAGE) != {r.name for r in DGAP.rows}:
-        test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path)
+    """Across this module's runs every row fired (run alone, the PAD and the early-break scenarios cover them)."""
+    if set(COVERAGE) - {"return_abort"} != {r.name for r in DGAP.rows} - {"return_abort"}:
+        test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path / "pad")
+    if "return_abort" not in COVERAGE:
+        test_one_rank_breaking_early_is_not_hidden_from_the_others(tmp_path / "abort")
     assert set(COVERAGE) == {r.name for r in DGAP.rows}, COVERAGE
     assert all(COVERAGE[r.name] > 0 for r in DGAP.rows)

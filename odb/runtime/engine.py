@@ -4,14 +4,29 @@ Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
     S        the alignment policy's ``summary_len``
     header   int64[H], H = 3 + S + 3W:
-             [status, round, n, summary(S), counts(3W)]
-             ``n`` is the table's payload; ``counts[3k + b]`` is this rank's
-             count b (tokens, label tokens, samples) of its k-th batch of the
-             PREVIOUS round (k < T <= W), 0 for fillers and absent batches
-    status   OK (0); CLOSED (1): the rank stopped iterating; FAILED (2): a
-             local error.  A non-OK header is posted outside the table, in the
-             place of the rank's next header, so every rank still runs the
-             same sequence of collectives and then stops.
+             [st, round, n, summary(S), counts(3W)]
+             ``st`` and ``n`` are the table's payload (``st = in.quit``,
+             ``n = buf``); ``round`` is a diagnostic slot (the engine checks
+             that every rank posted the same round; the table does not read
+             it); ``counts[3k + b]`` is this rank's count b (tokens, label
+             tokens, samples) of its k-th batch of the PREVIOUS round
+             (k < T <= W), 0 for fillers and absent batches
+    quit     the rank's stop status, the table's input ``in.quit``: OK (0);
+             CLOSED (1): the consumer stopped iterating (close(), a break, or
+             garbage collection); FAILED (2): a local error (a fetch raised, the
+             policy broke its contract, no filler template).
+
+Stopping is driven by the table only.  Once ``quit > 0`` the rank fetches
+nothing more (the FILL guards read ``quit == 0`` before ``src_has``), finishes
+the rows of its current phase (EMIT rows still run; their batches are dropped,
+not queued), and its next ``post_header`` posts ``st = quit``.  That
+collective's ``max_st > 0`` sends every rank through ``return_abort`` to DONE
+in the same round, so no peer is left blocked in a collective.  A rank that
+did not stop itself then raises `RankFailure` naming the round and the ranks
+that posted a non-zero status; a stopping rank exits quietly (its consumer is
+gone, or already holds its local error).  A fetch that raises fires no row: the
+error is recorded and handed to the consumer, quit becomes FAILED and the step
+is taken again (the table then picks ``post_header``).
 
 One runtime step is one table row: ``machine.step(DGAP, local, inputs, cfg,
 choose)``.  ``inputs`` is lazy: ``src_has`` pulls one sample from the source
@@ -53,8 +68,8 @@ _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garb
            FAILED: "failed with a local error (its own exception says which)"}
 
 
-class _Stopped(Exception):
-    """The engine was asked to stop and has told its peers."""
+class _Restart(Exception):
+    """A fetch raised inside the ``src_has`` input: no row fired; take the step again (quit is now FAILED)."""
 
 
 class Batch:
@@ -76,8 +91,10 @@ class Engine:
 
     Items on `out`: ``("batch", Batch)``, ``("end", None)`` (no more batches
     for this rank: DONE, or in JOIN the rank has nothing left), ``("error",
-    exc)``.  `stop` asks the thread to tell its peers (a CLOSED or FAILED
-    header in place of its next one) and exit.
+    exc)``.  `stop` sets the rank's ``quit`` status: the thread runs the table
+    to the next collective, which posts it, and every rank ends there through
+    ``return_abort`` (see the module doc).  Bounded: each collective waits at
+    most ``timeout_s``.
     """
 
     def __init__(self, *, group, rank: int, world_size: int, W: int, mode: int, policy, cost,
@@ -93,9 +110,8 @@ class Engine:
         self.epoch, self.stats, self.timeout_s = epoch, stats, timeout_s
         self._template_fn, self.trace = template, trace
         self.out: queue.Queue = queue.Queue(maxsize=queue_size)
-        self.error: BaseException | None = None
-        self._stop_status = OK
-        self._stop_evt = threading.Event()
+        self.error: BaseException | None = None   # the first error of this rank (local or fatal)
+        self._quit = OK                  # the table's in.quit; only ever goes from OK to CLOSED/FAILED
         self._window: list[Item] = []
         self._groups: list[int] = []
         self._held: list[Batch] = []     # this round's batches, released after the next collective
@@ -103,11 +119,11 @@ class Engine:
         self._fetched: Item | None = None
         self._coll: dict | None = None
         self._gathered: list[list[int]] | None = None
+        self._last: list[list[int]] = []  # the headers of the last completed collective
         self._work = None
         self._posted = 0                 # header collectives entered
         self._steps = 0                  # batches released (StepInfo.step)
         self._template: Any = None
-        self._broken = False             # the group cannot be used any more
         self._ended = False              # "end" was handed to the consumer
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{rank}", daemon=True)
 
@@ -116,10 +132,9 @@ class Engine:
         self.thread.start()
 
     def stop(self, status: int) -> None:
-        """Ask the thread to stop; `status` is CLOSED or FAILED (what the peers are told)."""
-        if self._stop_status == OK:
-            self._stop_status = status
-        self._stop_evt.set()
+        """Set this rank's quit status (CLOSED or FAILED, what the peers are told); the first one stays."""
+        if self._quit == OK:
+            self._quit = status
 
     def join(self, timeout: float | None) -> bool:
         self.thread.join(timeout)
@@ -129,8 +144,6 @@ class Engine:
     def _run(self) -> None:
         try:
             self._loop()
-        except _Stopped:
-            pass
         except BaseException as e:  # noqa: BLE001 - every error reaches the consumer
             self._fail(e)
         finally:
@@ -142,9 +155,11 @@ class Engine:
         local = machine.initial_local(DGAP, self.cfg)
         seq = 0
         while local["ph"] != DONE:
-            self._check_stop()
             self._fetched, self._coll, self._gathered = None, None, None
-            s = machine.step(DGAP, local, self._input, self.cfg, self._choose)
+            try:
+                s = machine.step(DGAP, local, self._input, self.cfg, self._choose)
+            except _Restart:
+                continue  # no row fired; quit is FAILED now, so the table takes post_header next
             extra = self._apply(s)
             if self.trace is not None:
                 self.trace.write({"seq": seq, "row": s.row, "before": s.before, "after": s.after,
@@ -157,19 +172,57 @@ class Engine:
                 # batches; its iterator ends while this thread keeps posting (JOIN).
                 self._ended = True
                 self._put(("end", None))
-        if not self._ended:
+        if local["ab"]:
+            self._aborted(local["rd"] - 1)
+        elif not self._ended:
             self._put(("end", None))
+
+    def _aborted(self, rnd: int) -> None:
+        """The epoch ended by ``return_abort`` in round `rnd`.
+
+        Raises RankFailure if this rank did not stop itself; a stopping rank
+        returns quietly (its consumer is gone, or already holds its own error).
+        """
+        if self._quit != OK:
+            return
+        bad = [(r, h[0]) for r, h in enumerate(self._last) if h[0] != OK]
+        what = "; ".join(f"rank {r} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
+        raise RankFailure(
+            f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still "
+            "iterating; every rank stopped in that round. Every rank must iterate the loader to the end of the "
+            "epoch, or all ranks must stop at the same step (e.g. the same max_steps).")
+
+    def _local_error(self, e: BaseException) -> None:
+        """Record a rank-local error: hand it to the consumer now and set quit to FAILED.
+
+        The table then takes this rank (and its peers) to the abort round; nothing
+        here skips a collective.
+        """
+        if self.error is None:
+            self.error = e
+            if self.trace is not None:
+                self.trace.write({"local_error": f"{type(e).__name__}: {str(e)[:500]}"})
+            self._deliver_error(e)
+        self.stop(FAILED)
 
     # -- inputs and choices (called by machine.step) ---------------------------
     def _input(self, name: str):
+        if name == "quit":
+            return self._quit
         if name == "src_has":
-            self._fetched = self._fetch()
+            try:
+                self._fetched = self._fetch()
+            except Exception as e:  # worker error, SampleError (oversize="error", no length), ...
+                self._local_error(e)
+                raise _Restart() from None
             return self._fetched is not None
         if self._coll is None:
             self._collect()
         return self._coll[name]
 
     def _choose(self, row, choice, lo: int, hi: int, params: dict) -> int:
+        if self._quit != OK:
+            return lo  # stopping: the batches are dropped; any value the table allows will do
         if choice.name == "use":
             real = lo
             if real == 0:
@@ -177,13 +230,15 @@ class Engine:
                 return 0
             target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
             sizes = [it.sizes for it in self._window]
-            groups = self.policy.partition(sizes, target, real, self.cost)
             try:
+                groups = self.policy.partition(sizes, target, real, self.cost)
                 check_partition(groups, len(sizes), real, sizes, self.cost)
-            except ValueError as e:
-                raise ProtocolError(f"alignment policy {type(self.policy).__name__} broke the partition "
-                                    f"contract in round {self._posted - 1} (target {target}, real {real}, "
-                                    f"window {len(sizes)}): {e}") from None
+            except Exception as e:  # a policy bug is local to this rank: stop through the table
+                self._local_error(ProtocolError(
+                    f"alignment policy {type(self.policy).__name__} broke the partition contract in round "
+                    f"{self._posted - 1} on rank {self.rank} (target {target}, real {real}, window "
+                    f"{len(sizes)}): {type(e).__name__}: {e}"))
+                return lo
             used = [p for g in groups for p in g]
             rest = sorted(set(range(len(sizes))) - set(used))
             self._window = [self._window[p] for p in used] + [self._window[p] for p in rest]
@@ -253,8 +308,11 @@ class Engine:
     def _hold(self, taken: list[Item] | None) -> None:
         k = len(self._held)
         if taken is None:
-            if self._template is None:
-                self._template = self._template_fn()
+            if self._template is None and self._quit == OK:
+                try:
+                    self._template = self._template_fn()
+                except Exception as e:  # no sample to build a filler from: stop through the table
+                    self._local_error(e)
             b = Batch([self._template], (), None, (), (0, 0, 0))
         else:
             sizes = tuple(it.sizes[0] for it in taken)
@@ -268,10 +326,16 @@ class Engine:
         if s.payload["shape"] != self.header_len:
             raise ProtocolError(f"table header shape {s.payload['shape']} != engine header {self.header_len}")
         sizes = [it.sizes for it in self._window]
-        summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(s.after["x"]))]
-        if len(summary) != self.S:
-            raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
-        header = [OK, self._posted, int(s.payload["n"]), *summary, *self._counts]
+        try:
+            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(s.after["x"]))]
+            if len(summary) != self.S:
+                raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
+        except Exception as e:
+            # The row has fired with this step's st; the header must still be posted (peers wait for
+            # it), so post a neutral summary and let the next header carry st = FAILED.
+            self._local_error(e)
+            summary = [0] * self.S
+        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *self._counts]
         self._counts = [0] * (3 * self.W)
         self._enter(header)
         return {"round": self._posted - 1, "summary": summary}
@@ -295,7 +359,6 @@ class Engine:
         try:
             self._work.wait(timeout=timedelta(seconds=self.timeout_s))
         except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
-            self._broken = True
             raise RankFailure(
                 f"rank {self.rank}: the header collective of round {rnd} did not complete within "
                 f"timeout_s={self.timeout_s}: a peer rank died, hung, or stopped iterating without "
@@ -308,13 +371,8 @@ class Engine:
         rnd = self._posted - 1
         t0 = time.perf_counter()
         headers = self._wait()
-        bad = [(r, h[0]) for r, h in enumerate(headers) if h[0] != OK]
-        if bad:
-            if self._stop_evt.is_set():
-                raise _Stopped()
-            self._broken_peers(rnd, bad)
         rounds = {h[1] for h in headers}
-        if rounds != {rnd}:
+        if rounds != {rnd}:  # every rank sees the same headers, so every rank raises this
             raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds "
                                 f"{[h[1] for h in headers]}")
         summaries = [h[3:3 + self.S] for h in headers]
@@ -324,29 +382,23 @@ class Engine:
         if not lo <= proposal <= hi:
             raise ProtocolError(f"policy proposal {proposal} outside the table's bounds [{lo}, {hi}] "
                                 f"in round {rnd}")
-        table_headers = [{"n": h[2], "shape": len(h)} for h in headers]
-        self._coll = machine.collective_inputs(DGAP, table_headers, proposal, self.cfg)
-        self._gathered = headers
+        self._coll = machine.collective_inputs(DGAP, _table_headers(headers), proposal, self.cfg)
+        self._gathered = self._last = headers
         self.stats.collective_s += time.perf_counter() - t0
-
-    def _broken_peers(self, rnd: int, bad: list[tuple[int, int]]) -> None:
-        what = "; ".join(f"rank {r} {_STATUS.get(st, f'sent status {st}')}" for r, st in bad)
-        raise RankFailure(
-            f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still "
-            "iterating. Every rank must iterate the loader to the end of the epoch, or all ranks must stop at "
-            "the same step (e.g. the same max_steps).")
 
     def _after_collect(self, s: machine.Step) -> dict:
         headers = self._gathered
         rnd = self._posted - 1
         self.stats.rounds += 1
-        self._release(headers)
+        if s.row == "return_abort":
+            self._held = []  # the epoch ends here on every rank: the last round's batches are not released
+        else:
+            self._release(headers)
         if s.row == "return_stop" and self.mode == QUOTA:
             self._count_unemitted()
         extra = {"round": rnd, "collective": {
-            "headers": [{"n": h[2], "shape": len(h)} for h in headers],
-            "summaries": [h[3:3 + self.S] for h in headers],
-            "status": [h[0] for h in headers], "rounds": [h[1] for h in headers], "inputs": dict(self._coll)}}
+            "headers": _table_headers(headers), "summaries": [h[3:3 + self.S] for h in headers],
+            "rounds": [h[1] for h in headers], "inputs": dict(self._coll)}}
         return extra
 
     def _release(self, headers: list[list[int]]) -> None:
@@ -373,44 +425,34 @@ class Engine:
 
     # -- output and shutdown --------------------------------------------------------
     def _put(self, item) -> None:
-        while True:
-            self._check_stop()
+        """Queue `item` for the consumer; once stopping (quit > 0) it is dropped (nobody reads it)."""
+        while self._quit == OK:
             try:
                 self.out.put(item, timeout=0.05)
                 return
             except queue.Full:
                 continue
 
-    def _check_stop(self) -> None:
-        if not self._stop_evt.is_set():
-            return
-        self._tell_peers(self._stop_status or CLOSED)
-        raise _Stopped()
-
-    def _tell_peers(self, status: int) -> None:
-        """Post a non-OK header in place of this rank's next one (bounded by timeout_s)."""
-        if self.group is None or self._broken:
-            return
-        try:
-            if self._work is not None:      # finish the round already entered
-                self._wait()
-            header = [status, self._posted, 0] + [0] * (self.header_len - 3)
-            if self.trace is not None:
-                self.trace.write({"abort": status, "round": self._posted, "table": DGAP.hash})
-            self._enter(header)
-            self._wait()
-        except (RankFailure, ProtocolError):
-            pass  # the peers are gone already; nothing more to tell them
-
-    def _fail(self, e: BaseException) -> None:
-        self.error = e
-        if self.trace is not None:
-            self.trace.write({"failure": f"{type(e).__name__}: {str(e)[:500]}"})
+    def _deliver_error(self, e: BaseException) -> None:
         while True:  # the consumer gets the error at once, ahead of queued batches
             try:
                 self.out.get_nowait()
             except queue.Empty:
                 break
         self.out.put(("error", e))
-        if not isinstance(e, RankFailure):  # a RankFailure means the peers know (or are gone)
-            self._tell_peers(FAILED)
+
+    def _fail(self, e: BaseException) -> None:
+        """An error that ends this thread: a RankFailure (peers gone, hung, or an abort posted by another
+        rank), or a global ProtocolError every rank raises alike.  None of these leaves a peer waiting
+        on this rank beyond ``timeout_s``."""
+        if self.trace is not None:
+            self.trace.write({"failure": f"{type(e).__name__}: {str(e)[:500]}"})
+        if self.error is not None and self._quit != OK:
+            return  # this rank stopped itself; its consumer already has its own error or is gone
+        self.error = e
+        self._deliver_error(e)
+
+
+def _table_headers(headers: list[list[int]]) -> list[dict]:
+    """The table's view of the gathered headers: the payload (``st``, ``n``) and the shape."""
+    return [{"st": h[0], "n": h[2], "shape": len(h)} for h in headers]

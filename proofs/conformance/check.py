@@ -2,30 +2,37 @@
 
 Legend
     run      one pass of one loader: the files ``L<loader>_it<pass>_rank<r>.jsonl`` of every rank
-    event    one JSON line of a rank's trace (a fired row, an ``abort`` or a ``failure``)
+    event    one JSON line of a rank's trace: a fired row, a ``local_error`` (recorded;
+             the rank goes on to the abort round) or a ``failure`` (the error that
+             ended the rank's thread)
     round    the index of a header collective (0, 1, ...)
 
-A run conforms when, for every rank:
+Aborts are ordinary rows of the table (``post_header`` posts ``st = in.quit``,
+``return_abort`` fires on ``max_st > 0``), so they are replayed like every
+other row.  A run conforms when, for every rank:
 
 1. **Local replay.** The first state is ``machine.initial_local``; each event's
    ``before`` is the previous event's ``after``; exactly one row is enabled at
    ``before`` under the event's recorded inputs (``machine.enabled_rows``) and it
    is the logged row; ``machine.fire`` with the logged choices reproduces
-   ``after``, the effect, the posted payload and the emitted count.
-2. **Collectives.** Each rank posted rounds 0, 1, 2, ... in order; for every
-   round that some rank collected, every rank posted (a header or an abort);
-   the headers each rank received equal the payloads the ranks posted; the
-   collective inputs each rank read equal ``machine.collective_inputs``
-   recomputed from those payloads; all ranks got the same proposal, within the
-   table's proposal bounds, and (for the default policy) equal to
-   ``policy.propose`` of the posted summaries.
-3. **TraceMatched.** Every line is consumed; nothing follows an abort but a
-   failure; a run with no abort or failure ends in DONE on every rank.
+   ``after``, the effect, the posted payload (``n`` and ``st``) and the emitted
+   count.  The ``quit`` a rank reads goes from 0 to one non-zero value at most
+   once, and after a ``local_error`` the next read of ``quit`` is non-zero.
+2. **Collectives.** Each rank posted rounds 0, 1, 2, ... in order and collected
+   each round it posted; for every collected round every rank posted; the
+   headers each rank received (``st``, ``n``, shape, summary, round slot) equal
+   the payloads the ranks posted; the collective inputs each rank read (``max_st``
+   included) equal ``machine.collective_inputs`` recomputed from those payloads;
+   all ranks got the same proposal, within the table's proposal bounds, and (for
+   the default policy) equal to ``policy.propose`` of the posted summaries.
+   Ranks that finished agree on ``ab`` (aborted or not).
+3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``;
+   every rank's trace ends in DONE, unless it ends with a ``failure`` line or the
+   rank is known to have been killed (`died`).
 
 Nothing here re-implements a row: guards, updates and decisions come from
 `odb.protocol.machine`.
 """
-
 from __future__ import annotations
 
 import glob
@@ -52,8 +59,10 @@ class RunReport:
     world_size: int
     events: int = 0
     rounds: int = 0
-    aborted: bool = False
+    aborted: bool = False                                # some rank fired return_abort
     rows: Counter = field(default_factory=Counter)
+    local_errors: list = field(default_factory=list)     # recorded local errors (the run went on to abort)
+    failures: list = field(default_factory=list)         # errors that ended a rank's thread
     problems: list = field(default_factory=list)
 
     @property
@@ -69,89 +78,119 @@ def _load(path: str) -> tuple[dict, list[dict]]:
     return lines[0]["meta"], lines[1:]
 
 
-def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: RunReport,
-                 posts: dict, collects: dict, died: bool) -> None:
+@dataclass
+class _Rank:
+    """What one rank's replay leaves for the cross-rank checks."""
+
+    posts: list = field(default_factory=list)      # (round, payload, summary, event index)
+    collects: list = field(default_factory=list)   # (round, collective record, inputs read, event index)
+    final: dict | None = None                      # the last replayed state
+    cut: bool = False                              # ended by a failure line or killed: may stop mid-round
+
+
+def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: RunReport, died: bool) -> _Rank:
     cfg = meta["cfg"]
+    out = _Rank(cut=died)
     local = machine.initial_local(table, cfg)
-    ended = None  # "abort" / "failure" once seen
+    failed = False
+    quit_seen = 0          # the non-zero quit this rank read, once it read one
+    quit_due = False       # a local_error was recorded: the next read of quit must be non-zero
     for i, ev in enumerate(events):
         where = f"rank {rank} event {i}"
+        if failed:
+            rep.problems.append(f"{where}: {ev.get('row', sorted(ev))} after the failure that ended the rank")
+            continue
         if "failure" in ev:
-            ended = "failure"
+            failed = out.cut = True
+            rep.failures.append(f"rank {rank}: {ev['failure'][:200]}")
             continue
-        if "abort" in ev:
-            if ended == "abort":
-                rep.problems.append(f"{where}: a second abort")
-            ended = "abort"
-            rep.aborted = True
-            posts[rank].append(("abort", ev["round"], ev["abort"]))
+        if "local_error" in ev:
+            quit_due = True
+            rep.local_errors.append(f"rank {rank}: {ev['local_error'][:200]}")
             continue
-        if ended is not None:
-            rep.problems.append(f"{where}: row {ev.get('row')} after {ended}")
+        if "row" not in ev:
+            rep.problems.append(f"{where}: unknown event {sorted(ev)}")
             continue
         if ev.get("table") != table.hash:
             rep.problems.append(f"{where}: table hash {ev.get('table')} != {table.hash}")
         if ev["before"] != local:
             rep.problems.append(f"{where}: before {ev['before']} != replayed state {local}")
-            return
+            return out
         try:
             enabled = [r.name for r in machine.enabled_rows(table, ev["before"], ev["inputs"], cfg)]
         except KeyError as e:
             rep.problems.append(f"{where}: a guard reads an input the trace does not record: {e}")
-            return
+            return out
         if enabled != [ev["row"]]:
             rep.problems.append(f"{where}: logged row {ev['row']} but the table enables {enabled}")
-            return
+            return out
         try:
             st = machine.fire(table, table.row(ev["row"]), ev["before"], ev["inputs"], cfg, ev["params"])
         except Exception as e:  # ProtocolError: a choice out of its contract
             rep.problems.append(f"{where}: {type(e).__name__}: {e}")
-            return
+            return out
         for key, got in (("after", st.after), ("effect", st.effect), ("payload", st.payload), ("count", st.count)):
             if ev[key] != got:
                 rep.problems.append(f"{where}: {ev['row']} logged {key}={ev[key]} but the table gives {got}")
+        if "quit" in ev["inputs"]:
+            q = ev["inputs"]["quit"]
+            if quit_due and q == 0:
+                rep.problems.append(f"{where}: read quit=0 after a local error (the rank must stop)")
+            if quit_seen and q != quit_seen:
+                rep.problems.append(f"{where}: read quit={q} after quit={quit_seen} (quit is set once)")
+            quit_seen = quit_seen or q
         if st.effect == "post":
-            posts[rank].append(("post", ev["round"], ev["payload"], ev.get("summary")))
+            out.posts.append((ev["round"], ev["payload"], ev.get("summary"), i))
         if st.effect == "collect":
-            collects[rank].append((ev["round"], ev["collective"], ev["inputs"], i))
+            out.collects.append((ev["round"], ev["collective"], ev["inputs"], i))
+        if ev["row"] == "return_abort":
+            rep.aborted = True
         rep.rows[ev["row"]] += 1
         rep.events += 1
         local = ev["after"]
-    if ended is None and local["ph"] != DONE and not died:
-        rep.problems.append(f"rank {rank}: trace ends in phase {local['ph']} without DONE, abort or failure "
+    out.final = local
+    if local["ph"] != DONE and not out.cut:
+        rep.problems.append(f"rank {rank}: trace ends in phase {local['ph']} without DONE or a failure "
                             "(TraceMatched fails: the run stopped mid-protocol)")
+    return out
 
 
-def _check_collectives(table: Table, cfg: dict, n: int, posts: dict, collects: dict, rep: RunReport,
-                       policy) -> None:
+def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy) -> None:
+    n = len(ranks)
     by_round: dict[int, dict[int, tuple]] = defaultdict(dict)
-    for rank in range(n):
-        rounds = [p[1] for p in posts[rank]]
+    for rank, rk in enumerate(ranks):
+        rounds = [p[0] for p in rk.posts]
         if rounds != list(range(len(rounds))):
             rep.problems.append(f"rank {rank}: posted rounds {rounds}, expected 0, 1, 2, ... in order")
-        for p in posts[rank]:
-            by_round[p[1]][rank] = p
+        got = [c[0] for c in rk.collects]
+        if got != rounds and not (rk.cut and got == rounds[:-1]):
+            rep.problems.append(f"rank {rank}: collected rounds {got} but posted rounds {rounds} "
+                                "(every posted round must be collected)")
+        for p in rk.posts:
+            by_round[p[0]][rank] = p
     lo = evaluate(table.proposal.lo, Scope(cfg=cfg))
     hi = evaluate(table.proposal.hi, Scope(cfg=cfg))
-    for rank in range(n):
-        for rnd, coll, read, i in collects[rank]:
+    proposals = defaultdict(set)
+    collective = {i.name for i in table.inputs if i.source == "collective"}
+    for rank, rk in enumerate(ranks):
+        for rnd, coll, read, i in rk.collects:
             where = f"rank {rank} event {i} (round {rnd})"
             posted = by_round.get(rnd, {})
             if set(posted) != set(range(n)):
                 rep.problems.append(f"{where}: collected a round that ranks {sorted(set(range(n)) - set(posted))} "
                                     "never posted")
                 continue
-            if any(posted[r][0] != "post" for r in range(n)):
-                rep.problems.append(f"{where}: collected normally though ranks "
-                                    f"{[r for r in range(n) if posted[r][0] != 'post']} aborted this round")
-                continue
-            expect = [{"n": posted[r][2]["n"], "shape": posted[r][2]["shape"]} for r in range(n)]
+            expect = [{"st": posted[r][1]["st"], "n": posted[r][1]["n"], "shape": posted[r][1]["shape"]}
+                      for r in range(n)]
             if coll["headers"] != expect:
                 rep.problems.append(f"{where}: received headers {coll['headers']} != posted {expect}")
-            summaries = [posted[r][3] for r in range(n)]
+            if coll.get("rounds") != [rnd] * n:
+                rep.problems.append(f"{where}: received round slots {coll.get('rounds')} != {[rnd] * n}")
+            summaries = [posted[r][2] for r in range(n)]
             if coll["summaries"] != summaries:
                 rep.problems.append(f"{where}: received summaries {coll['summaries']} != posted {summaries}")
             proposal = coll["inputs"]["proposal"]
+            proposals[rnd].add(proposal)
             if not lo <= proposal <= hi:
                 rep.problems.append(f"{where}: proposal {proposal} outside the table's bounds [{lo}, {hi}]")
             if policy is not None and policy.propose(summaries, cfg["W"]) != proposal:
@@ -161,19 +200,18 @@ def _check_collectives(table: Table, cfg: dict, n: int, posts: dict, collects: d
             if coll["inputs"] != want:
                 rep.problems.append(f"{where}: collective inputs {coll['inputs']} != recomputed {want}")
             for k, v in read.items():
-                if k != "src_has" and want.get(k) != v:
+                if k in collective and want.get(k) != v:
                     rep.problems.append(f"{where}: read input {k}={v}, the collective gives {want.get(k)}")
-        rep.rounds = max(rep.rounds, len(collects[rank]))
-    proposals = defaultdict(set)
-    for rank in range(n):
-        for rnd, coll, _, _ in collects[rank]:
-            proposals[rnd].add(coll["inputs"]["proposal"])
+        rep.rounds = max(rep.rounds, len(rk.collects))
     for rnd, ps in sorted(proposals.items()):
         if len(ps) > 1:
             rep.problems.append(f"round {rnd}: ranks got different proposals {sorted(ps)}")
-    shapes = {p[2]["shape"] for rank in range(n) for p in posts[rank] if p[0] == "post"}
+    shapes = {p[1]["shape"] for rk in ranks for p in rk.posts}
     if len(shapes) > 1:
         rep.problems.append(f"posted header shapes differ: {sorted(shapes)}")
+    done = {r: rk.final["ab"] for r, rk in enumerate(ranks) if rk.final is not None and rk.final["ph"] == DONE}
+    if len(set(done.values())) > 1:
+        rep.problems.append(f"finished ranks disagree on the abort: ab per rank {done}")
 
 
 def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset()) -> RunReport:
@@ -197,13 +235,9 @@ def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset
     for m, _ in loaded:
         if m["table"] != table.hash:
             rep.problems.append(f"rank {m['rank']}: table hash {m['table']} != {table.hash}")
-    posts: dict = defaultdict(list)
-    collects: dict = defaultdict(list)
-    for rank in range(n):
-        meta, events = metas[rank]
-        _replay_rank(table, rank, meta, events, rep, posts, collects, rank in died)
+    ranks = [_replay_rank(table, rank, metas[rank][0], metas[rank][1], rep, rank in died) for rank in range(n)]
     policy = _default_policy_if(loaded[0][0].get("policy"))
-    _check_collectives(table, loaded[0][0]["cfg"], n, posts, collects, rep, policy)
+    _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy)
     return rep
 
 
@@ -224,18 +258,23 @@ def check_dir(trace_dir: str, table: Table = DGAP, died: frozenset = frozenset()
     return [check_run(sorted(runs[k]), table, died) for k in sorted(runs)]
 
 
+def _abnormal(r: RunReport) -> bool:
+    return r.aborted or bool(r.local_errors) or bool(r.failures)
+
+
 def assert_conformant(trace_dir: str, *, allow_abort: bool = False, died: frozenset = frozenset()) -> Counter:
     """Raise AssertionError unless every run in `trace_dir` conforms; return the row coverage.
 
-    With ``allow_abort=False`` a run that ended in an abort or failure is also a
-    failure.  `died` names ranks that were killed on purpose (see `check_run`).
+    With ``allow_abort=False`` a run in which ``return_abort`` fired, or a rank
+    recorded a local error or a failure, is also a failure.  `died` names ranks that were killed on purpose (see `check_run`).
     """
     reports = check_dir(trace_dir, died=frozenset(died))
     if not reports:
         raise AssertionError(f"no traces in {trace_dir}")
-    bad = [r for r in reports if not r.ok or (r.aborted and not allow_abort)]
+    bad = [r for r in reports if not r.ok or (_abnormal(r) and not allow_abort)]
     if bad:
-        lines = [f"{r.name}: aborted={r.aborted}; " + "; ".join(r.problems[:5]) for r in bad]
+        lines = [f"{r.name}: aborted={r.aborted} errors={r.local_errors + r.failures}; " + "; ".join(r.problems[:5])
+                 for r in bad]
         raise AssertionError("trace conformance failed:\n" + "\n".join(lines))
     rows: Counter = Counter()
     for r in reports:
