@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from proofs.conformance import check_dir
+from proofs.conformance import assert_conformant, check_dir
 
 from mp_harness import make_lengths, run_ranks, scenario
 
@@ -17,6 +17,17 @@ def real_traces(tmp_path_factory):
             "trace_dir": str(tmp / "traces")}
     res = run_ranks(scenario, 2, tmp, args=(spec,), timeout_s=60)
     assert all(r.status == "ok" for r in res), [r.error for r in res]
+    return tmp / "traces"
+
+
+@pytest.fixture(scope="module")
+def abort_traces(tmp_path_factory):
+    """Rank 0 breaks out after its second batch; rank 1 ends by return_abort with RankFailure."""
+    tmp = tmp_path_factory.mktemp("conf_abort")
+    spec = {"lengths": make_lengths(40, 9, lo=2), "W": 4, "break_at": 1, "break_rank": 0,
+            "trace_dir": str(tmp / "traces")}
+    res = run_ranks(scenario, 2, tmp, args=(spec,), timeout_s=60)
+    assert [r.error_type for r in res] == [None, "RankFailure"], [r.error for r in res]
     return tmp / "traces"
 
 
@@ -81,6 +92,35 @@ def tamper_extra_row_after_done(lines):
     lines.append(dict(lines[-1]))
 
 
+def last(lines, row):
+    return max(i for i, x in enumerate(lines) if x.get("row") == row)
+
+
+def skip_abort_round(lines):
+    """The rank never posts the abort round: its last post_header and return_abort are gone."""
+    del lines[last(lines, "return_abort")]
+    del lines[last(lines, "post_header")]
+
+
+def tamper_posted_st(lines):
+    lines[last(lines, "post_header")]["payload"]["st"] = 0
+
+
+def tamper_received_st(lines):
+    lines[last(lines, "return_abort")]["collective"]["headers"][0]["st"] = 0
+
+
+def tamper_max_st(lines):
+    i = last(lines, "return_abort")
+    lines[i]["collective"]["inputs"]["max_st"] = 0
+
+
+def tamper_quit_read(lines):
+    """The stopping rank claims it never stopped: quit=0 where it posted st=1."""
+    i = last(lines, "post_header")
+    lines[i]["inputs"]["quit"] = 0
+
+
 TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (0, tamper_after, "table gives"),
     (1, tamper_proposal, "proposal"),
@@ -95,12 +135,44 @@ TAMPERS = [  # (rank to tamper, function, words the report must contain)
 ]
 
 
+ABORT_TAMPERS = [  # on the abort run: rank 0 stopped (st=1), rank 1 was healthy
+    (1, skip_abort_round, "never posted"),
+    (0, skip_abort_round, "TraceMatched"),
+    (0, tamper_posted_st, "table gives"),
+    (1, tamper_received_st, "received headers"),
+    (1, tamper_max_st, "collective inputs"),
+    (0, tamper_quit_read, "does not record"),  # with quit=0 the guards would have asked the source
+]
+
+
 def test_the_untampered_real_trace_conforms_and_fires_every_row(real_traces):
     (report,) = check_dir(str(real_traces))
     assert report.ok, report.problems
     assert report.world_size == 2 and report.rounds > 3 and not report.aborted
     assert set(report.rows) == {"take_sample", "see_exhausted", "post_header", "return_go", "return_stop",
                                 "emit_group", "emit_filler", "end_round"}
+
+
+def test_the_untampered_abort_trace_conforms_with_the_abort_as_a_table_row(abort_traces):
+    (report,) = check_dir(str(abort_traces))
+    assert report.ok, report.problems
+    assert report.aborted and report.rows["return_abort"] == 2 and "return_stop" not in report.rows
+    assert [f.split(":")[0] for f in report.failures] == ["rank 1"]  # the healthy rank's RankFailure
+    with pytest.raises(AssertionError, match="aborted=True"):
+        assert_conformant(str(abort_traces))
+    assert assert_conformant(str(abort_traces), allow_abort=True)["return_abort"] == 2
+
+
+@pytest.mark.parametrize("rank, tamper, words", ABORT_TAMPERS, ids=[f"{t[1].__name__}_rank{t[0]}" for t in ABORT_TAMPERS])
+def test_a_tampered_abort_trace_is_rejected(abort_traces, tmp_path, rank, tamper, words):
+    d = tmp_path / "t"
+    shutil.copytree(abort_traces, d)
+    lines = load(d, rank)
+    tamper(lines)
+    save(d, rank, lines)
+    (report,) = check_dir(str(d))
+    assert not report.ok
+    assert any(words in p for p in report.problems), report.problems
 
 
 @pytest.mark.parametrize("rank, tamper, words", TAMPERS, ids=[t[1].__name__ for t in TAMPERS])

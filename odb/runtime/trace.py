@@ -5,9 +5,10 @@ The first line is ``{"meta": {...}}`` (table hash, cfg, rank, world size,
 epoch); then one line per fired row, written after the row's effect completed
 (for ``post`` rows: after the header was handed to the collective; for
 ``collect`` rows: after the collective returned), flushed per line so a rank
-that dies leaves every step it completed.  An ``abort`` line records a header
-posted outside the table (a local error or close()) and a ``failure`` line the
-error that ended the run.
+that dies leaves every step it completed.  Aborts are ordinary rows
+(``post_header`` with ``st > 0``, ``return_abort``).  A ``local_error`` line
+records a rank-local error (the rank goes on to the abort round); a
+``failure`` line the error that ended the rank's thread (nothing follows it).
 """
 
 from __future__ import annotations
