@@ -92,6 +92,15 @@ def tamper_extra_row_after_done(lines):
     lines.append(dict(lines[-1]))
 
 
+def tamper_ignore_local_error(lines):
+    """A local error is recorded but the rank goes on fetching (quit stays 0)."""
+    lines.insert(first(lines, "take_sample"), {"local_error": "SampleError: injected"})
+
+
+def tamper_row_after_failure(lines):
+    lines.insert(len(lines) // 2, {"failure": "RankFailure: injected"})
+
+
 def last(lines, row):
     return max(i for i, x in enumerate(lines) if x.get("row") == row)
 
@@ -132,6 +141,8 @@ TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (0, tamper_table_hash, "table hash"),
     (0, tamper_received_header, "received headers"),
     (1, tamper_extra_row_after_done, "before"),
+    (0, tamper_ignore_local_error, "after a local error"),
+    (1, tamper_row_after_failure, "after the failure"),
 ]
 
 

@@ -194,6 +194,42 @@ def test_bad_settings_are_rejected_with_the_valid_values(kwargs, msg):
         odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, **kwargs)
 
 
+class _BrokenPartition(odb.batching.BalancedPolicy):
+    """Breaks the partition contract from round 2 on (one group too few)."""
+
+    def partition(self, window, target, real, cost, **kw):
+        groups = super().partition(window, target, real, cost, **kw)
+        self.calls = getattr(self, "calls", 0) + 1
+        return groups[:-1] if self.calls >= 2 and len(groups) > 1 else groups
+
+
+def test_a_policy_breaking_its_contract_raises_and_the_rank_stops_through_the_table(tmp_path):
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, policy=_BrokenPartition(),
+                           trace_dir=str(tmp_path)) as loader:
+        with pytest.raises(odb.ProtocolError, match="broke the partition contract"):
+            ids_of(loader)
+    assert not odb_threads()
+    rows = assert_conformant(str(tmp_path), allow_abort=True)
+    assert rows["return_abort"] == 1 and "return_stop" not in rows
+
+
+def test_a_break_ends_the_pass_through_return_abort(tmp_path):
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=4, trace_dir=str(tmp_path))
+    seen = []
+    for k, batch in enumerate(loader):
+        seen += odb.pop_step_info(batch).indices
+        if k == 1:
+            break
+    assert not odb_threads()
+    rows = assert_conformant(str(tmp_path), allow_abort=True)
+    assert rows["return_abort"] == 1 and rows["post_header"] == rows["return_go"] + 1
+    with pytest.raises(AssertionError, match="aborted=True"):
+        assert_conformant(str(tmp_path))
+    seen += [i for info in ids_of(loader) for i in info.indices]  # the next pass emits the rest of the epoch
+    assert sorted(seen) == list(range(50))
+    loader.close()
+
+
 def test_pad_collate_pads_labels_with_minus_100():
     out = pad_collate([{"input_ids": [1, 2, 3], "labels": [5, 6, 7]}, {"input_ids": [4], "labels": [8]}])
     assert out["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
