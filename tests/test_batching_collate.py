@@ -18,6 +18,15 @@ def test_pad_collate_pads_ids_masks_and_ignores_padded_labels():
     assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
+def test_pad_collate_keeps_other_keys_and_a_given_attention_mask():
+    out = pad_collate([{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 0], "id": [3], "w": 0.5, "txt": "a"},
+                       {"input_ids": [8], "attention_mask": [1], "id": [4], "w": 1.0, "txt": "b"}])
+    assert out["attention_mask"].tolist() == [[1, 1, 0], [1, 0, 0]]
+    assert out["id"].tolist() == [[3], [4]] and out["w"].tolist() == [0.5, 1.0] and out["txt"] == ["a", "b"]
+    with pytest.raises(SampleError, match="same keys"):
+        pad_collate([{"input_ids": [1], "id": [3]}, {"input_ids": [2]}])
+
+
 def test_packed_collate_matches_the_flattening_layout():
     out = packed_collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9]]

@@ -230,7 +230,15 @@ def test_a_break_ends_the_pass_through_return_abort(tmp_path):
     loader.close()
 
 
-def test_pad_collate_pads_labels_with_minus_100():
+def test_the_runtime_default_collate_is_the_one_batching_pad_collate():
+    from odb.batching import collate
+
+    assert pad_collate is collate.pad_collate
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 128, buffer_size=8)
+    assert loader.collate_fn is collate.pad_collate
+    batch = next(iter(loader))
+    assert batch["id"].shape[1] == 1 and batch["labels"][:, 0].eq(-100).all()  # extra keys are kept
+    loader.close()
     out = pad_collate([{"input_ids": [1, 2, 3], "labels": [5, 6, 7]}, {"input_ids": [4], "labels": [8]}])
     assert out["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
     assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

@@ -5,7 +5,12 @@ optionally ``labels`` (same length; defaults to ``input_ids``).
 
 ``pad_collate``      right-padded ``[batch, longest]`` tensors: ``input_ids``
                      (padded with `pad_id`), ``labels`` (padded with -100, the
-                     ignore index of ``CrossEntropyLoss``) and ``attention_mask``.
+                     ignore index of ``CrossEntropyLoss``) and ``attention_mask``
+                     (the samples' own, padded with 0, or 1 on every token).
+                     Any other key is kept: 1-D sequences are right-padded with
+                     `pad_id` into a tensor, numbers become a 1-D tensor, other
+                     values a list.  It is the runtime's default ``collate_fn``
+                     (``odb.runtime.pad_collate`` is this function).
 ``packed_collate``   padding-free packing: one ``[1, total]`` row holding every
                      sample back to back, ``position_ids`` restarting at 0 for each
                      sample, ``labels`` with the first token of each sample set to
@@ -47,8 +52,12 @@ def _rows(batch: Sequence[Mapping]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def pad_collate(batch: Sequence[Mapping], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad a group to its longest sample (see the module docstring)."""
+def pad_collate(batch: Sequence[Mapping], pad_id: int = 0) -> dict:
+    """Right-pad a group to its longest sample (see the module docstring).
+
+    Raises SampleError for an empty group, a sample without ``input_ids`` or
+    with zero tokens, labels of another length, or samples whose keys differ.
+    """
     rows = _rows(batch)
     L = max(ids.numel() for ids, _ in rows)
     input_ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
@@ -59,7 +68,29 @@ def pad_collate(batch: Sequence[Mapping], pad_id: int = 0) -> dict[str, torch.Te
         input_ids[i, :n] = ids
         labels[i, :n] = lab
         mask[i, :n] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+    out: dict = {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+    keys = [k for k in batch[0] if k not in ("input_ids", "labels")]
+    for k, s in enumerate(batch[1:], 1):
+        if [x for x in s if x not in ("input_ids", "labels")] != keys:
+            raise SampleError(f"sample {k} of the batch has keys {sorted(s)}, sample 0 has {sorted(batch[0])}; "
+                              "every sample of a batch must carry the same keys")
+    for key in keys:
+        out[key] = _extra([s[key] for s in batch], 0 if key == "attention_mask" else pad_id)
+    return out
+
+
+def _extra(vals: list, fill: int):
+    """One extra key of `pad_collate`: padded 1-D sequences, a tensor of numbers, or a list."""
+    v0 = vals[0]
+    if isinstance(v0, (list, tuple, torch.Tensor)) and (not isinstance(v0, torch.Tensor) or v0.dim() == 1):
+        seqs = [torch.as_tensor(v) for v in vals]
+        out = torch.full((len(seqs), max(len(t) for t in seqs)), fill, dtype=seqs[0].dtype)
+        for i, t in enumerate(seqs):
+            out[i, :len(t)] = t
+        return out
+    if isinstance(v0, (bool, int, float)):
+        return torch.tensor(vals)
+    return list(vals)
 
 
 def packed_collate(batch: Sequence[Mapping]) -> dict[str, torch.Tensor | int]:

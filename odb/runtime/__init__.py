@@ -3,7 +3,7 @@
 This is the only package of ``odb`` that imports ``torch.distributed``.
 """
 
-from .collate import pad_collate
+from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
 from .info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
 from .loader import ODBDataLoader
 

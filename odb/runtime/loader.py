@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset
 
 from ..errors import ConfigError, ProtocolError, SampleError
 from ..protocol.table import DGAP, MODES
-from .collate import pad_collate
+from ..batching.collate import pad_collate
 from .engine import CLOSED, FAILED, Batch, Engine
 from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
 from .source import Source, shard_order
@@ -134,7 +134,8 @@ class ODBDataLoader:
     :param token_budget: the budget of the cost model (per rank, per batch).
     :param collate_fn: list of samples -> a mutable mapping (the batch); runs in the
         consumer's thread, so its exceptions surface on the failing rank.  Default
-        `pad_collate`.
+        ``odb.batching.pad_collate`` (padded ``input_ids``/``labels``/``attention_mask``,
+        other keys kept).
     :param sampler: yields this rank's own dataset indices (shards may be uneven); must
         give the same order again after ``set_epoch(e)`` for resume.  ``set_epoch`` is
         forwarded to it.  Default: a ``seed + epoch`` shuffled permutation dealt round
