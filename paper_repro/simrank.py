@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from odb.batching import AlignmentPolicy, CostModel, check_partition, default_policy
+from odb.batching import AlignmentPolicy, CostModel, call_partition, check_partition, default_policy
 from odb.errors import ProtocolError
 from odb.protocol import DGAP, DONE, FILL, MODES, WAIT, Scope, evaluate, machine
 from odb.protocol.expr import Let
@@ -71,7 +71,12 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
         headers, summaries, spent = [], [], [0.0] * n
         for r in range(n):
             shard = shards[r]
-            src = lambda k, r=r, shard=shard: nxt[r] < len(shard)  # noqa: E731 (only `src_has` is asked in FILL)
+            def src(name, r=r, shard=shard):  # the FILL inputs: a simulated rank never quits
+                if name == "quit":
+                    return 0
+                if name == "src_has":
+                    return nxt[r] < len(shard)
+                raise ProtocolError(f"the simulated data source was asked for unknown input {name!r}")
             while True:
                 st = machine.step(table, locs[r], src, cfg, _no_choice)
                 locs[r] = st.after
@@ -96,7 +101,8 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
         target = int(evaluate(Let("target"), Scope(inputs=inputs, cfg=cfg, lets=lets)))
         res.targets.append(target)
         for r in range(n):
-            _return_and_emit(table, r, locs, win, shards[r], pols[r], cost, inputs, cfg, target, out, spent)
+            _return_and_emit(table, r, locs, win, shards[r], pols[r], cost, inputs, cfg, target, out, spent,
+                             summaries)
         res.decision_s.extend(spent)
     res.rounds = rounds
     for r in range(n):
@@ -108,7 +114,8 @@ def _no_choice(row, choice, lo, hi, params):
     raise ProtocolError(f"row {row.name} asked for choice {choice.name} where the driver supplies none")
 
 
-def _return_and_emit(table, r, locs, win, shard, pol, cost, inputs, cfg, target, out, spent) -> None:
+def _return_and_emit(table, r, locs, win, shard, pol, cost, inputs, cfg, target, out, spent,
+                     summaries) -> None:
     groups: list[list[int]] = []
 
     def choose(row, choice, lo, hi, params):
@@ -116,7 +123,7 @@ def _return_and_emit(table, r, locs, win, shard, pol, cost, inputs, cfg, target,
             real = lo  # the row's lower bound on `use` is the table's `real`
             window = [shard[i] for i in win[r]]
             t0 = time.perf_counter()
-            parts = pol.partition(window, target, real, cost)
+            parts = call_partition(pol, window, target, real, cost, summaries)
             spent[r] += time.perf_counter() - t0
             try:
                 check_partition(parts, len(window), real, window, cost)

@@ -6,7 +6,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odb.batching import AlignmentPolicy, check_partition, default_policy, make_cost_model, pack
+from odb.batching import AlignmentPolicy, call_partition, check_partition, default_policy, make_cost_model, pack
+from odb.batching.policy import NUM_BUCKETS, SUMMARY_TAG, fill_bucket
 from odb.errors import ProtocolError
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
@@ -47,24 +48,109 @@ def test_pack_covers_the_window_once_and_only_the_last_group_is_open(spec, windo
         assert len(g.positions) == 1 or cost.fits([window[p] for p in g.positions])
 
 
+def _summary(n, exhausted, hist, extra=0):
+    h = list(hist) + [0] * (NUM_BUCKETS - len(hist))
+    return [SUMMARY_TAG, n, int(exhausted), sum(h), sum(h) + extra, *h]
+
+
+hists = st.lists(st.integers(0, 4), min_size=NUM_BUCKETS, max_size=NUM_BUCKETS)
+rank_summaries = st.lists(st.tuples(st.integers(0, 64), st.booleans(), hists, st.integers(0, 3)),
+                          min_size=1, max_size=8)
+
+
 @settings(max_examples=60, deadline=None)
-@given(sums=st.lists(st.tuples(st.integers(0, 64), st.booleans(), st.integers(0, 10), st.integers(0, 3)),
-                     min_size=1, max_size=8))
-def test_propose_is_deterministic_and_the_minimum_need(sums):
-    pol = default_policy()
-    summaries = [[0x0DB1, n, int(x), f, f + extra, 900] for n, x, f, extra in sums]
-    t = pol.propose(summaries, 64)
+@given(sums=rank_summaries)
+def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need(sums):
+    summaries = [_summary(*x) for x in sums]
+    t = default_policy().propose(summaries, 64)
     assert t == default_policy().propose(summaries, 64)
-    # a permutation of ranks does not change the proposal (documented: rank order is irrelevant)
-    assert t == pol.propose(list(reversed(summaries)), 64)
-    needs = [(s[4] if s[2] else s[3]) for s in summaries if s[1] > 0]
-    assert t == (max(1, min(needs)) if needs else 1)
-    assert t >= 1
+    assert t == default_policy().propose(list(reversed(summaries)), 64)
+    live = [s for s in summaries if s[1] > 0]
+    needs = [(s[4] if s[2] else s[3]) for s in live]
+    need = max(1, min(needs)) if needs else 1
+    if any(s[2] for s in live) or not live:
+        assert t == need  # the epoch end (or nothing left): the minimum need, as before
+    else:  # while data flows: only the slots every rank can match, never more than the need
+        assert t == max(1, len(default_policy().profile(summaries, need))) and 1 <= t <= need
+
+
+@settings(max_examples=60, deadline=None)
+@given(sums=rank_summaries, target=st.integers(1, 40))
+def test_every_rank_computes_the_same_profile_and_can_fill_every_slot(sums, target):
+    summaries = [_summary(*x) for x in sums]
+    prof = [default_policy().profile(summaries, target) for _ in summaries]  # one per rank
+    assert all(p == prof[0] for p in prof)
+    assert prof[0] == default_policy().profile(list(reversed(summaries)), target)
+    p = prof[0]
+    assert len(p) <= target and p == sorted(p)  # costliest bucket first
+    for s in summaries:
+        if s[1] > 0:  # every rank with data holds at least as many groups of each bucket
+            assert all(p.count(b) <= s[5 + b] for b in set(p))
 
 
 def test_propose_rejects_a_summary_from_another_policy():
     with pytest.raises(ProtocolError, match="same alignment policy"):
-        default_policy().propose([[0x0DB1, 4, 0, 1, 1, 900], [7, 7]], 8)
+        default_policy().propose([_summary(4, False, [1]), [7, 7]], 8)
+    with pytest.raises(ProtocolError, match="same alignment policy"):
+        default_policy().propose([[0x0DB1, 4, 0, 1, 1, 900]], 8)  # version 1 layout
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@settings(max_examples=40, deadline=None)
+@given(windows_=st.lists(windows, min_size=1, max_size=4), exhausted=st.lists(st.booleans(), min_size=4,
+                                                                                max_size=4), data=st.data())
+def test_partition_with_the_gathered_summaries_keeps_the_contract_and_is_deterministic(spec, windows_, exhausted,
+                                                                                     data):
+    cost = _cost(spec)
+    pols = [default_policy() for _ in windows_]
+    summaries = [p.summarize(w, cost, x) for p, w, x in zip(pols, windows_, exhausted)]
+    target = pols[0].propose(summaries, 64)
+    for p, w in zip(pols, windows_):
+        real = data.draw(st.integers(1, len(w)))
+        groups = p.partition(w, target, real, cost, summaries=summaries)
+        check_partition(groups, len(w), real, w, cost)
+        again = default_policy().partition(w, target, real, cost, summaries=summaries)  # fresh memo
+        assert again == groups
+        assert call_partition(default_policy(), w, target, real, cost, summaries) == groups
+
+
+def test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost():
+    rng = random.Random(5)
+    cost = _cost("padded", 8192)
+    ws = [[(rng.randint(64, 6000),) for _ in range(128)] for _ in range(4)]
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
+    t = pols[0].propose(summaries, 128)
+    prof = pols[0].profile(summaries, t)
+    assert len(prof) == t > 1
+    for p, w in zip(pols, ws):
+        groups = p.partition(w, t, t, cost, summaries=summaries)
+        fills = [cost.utilisation([w[i] for i in g]) for g in groups]
+        assert [fill_bucket(f) for f in fills] == prof  # the k-th batch of every rank: the same bucket
+        assert fills == sorted(fills, reverse=True)
+
+
+def test_a_policy_without_the_summaries_keyword_is_called_without_it():
+    class Old:
+        def partition(self, window, target, real, cost):
+            return [[p] for p in range(real)]
+
+    class Wrapped:
+        def partition(self, *a, **kw):
+            self.kw = kw
+            return [[p] for p in range(a[2])]
+
+    cost = _cost("packed")
+    assert call_partition(Old(), [(1,), (2,)], 2, 2, cost, [[1]]) == [[0], [1]]
+    w = Wrapped()
+    call_partition(w, [(1,), (2,)], 1, 1, cost, [[1]])
+    assert w.kw == {"summaries": [[1]]}
+
+
+def test_fill_buckets_are_ordered_costliest_first():
+    fills = [3.5, 2.5, 1.6, 1.3, 1.15, 1.05, 1.0, 0.97, 0.8, 0.6, 0.5, 0.1]
+    b = [fill_bucket(f) for f in fills]
+    assert b == sorted(b) and b[0] == 0 and b[-1] == NUM_BUCKETS - 1 and len(set(b)) == len(b) - 1
 
 
 def test_summary_length_does_not_depend_on_the_window():
@@ -79,7 +165,7 @@ def test_full_groups_fill_the_packed_budget():
     cost = _cost("packed", 8192)
     pol = default_policy()
     s = pol.summarize(w, cost, False)
-    groups = pol.partition(w, s[3], s[3], cost)
+    groups = pol.partition(w, s[3], s[3], cost)  # no summaries: the fullest closed groups
     fills = [cost.utilisation([w[p] for p in g]) for g in groups]
     assert min(fills) > 0.9 and sum(fills) / len(fills) > 0.98
     assert fills == sorted(fills, reverse=True)  # emitted in decreasing cost

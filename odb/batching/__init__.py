@@ -7,12 +7,12 @@ torch collate helpers (`pad_collate`, `packed_collate`) live in
 without torch.
 """
 
-from .base import AlignmentPolicy, CostModel, Sizes, check_partition
+from .base import AlignmentPolicy, CostModel, Sizes, call_partition, check_partition
 from .cost import BudgetCost, CallableCost, Resource, make_cost_model
 from .grouping import Group, pack
 from .policy import BalancedPolicy, default_policy
 
-__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "make_cost_model", "default_policy",
+__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "call_partition", "make_cost_model", "default_policy",
            "BalancedPolicy", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
            "pad_collate", "packed_collate"]
 

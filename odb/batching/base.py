@@ -14,7 +14,13 @@ DGAP table leaves open:
 3. ``partition``: split this rank's window into exactly ``real`` non-empty,
    disjoint groups for the round's target; window positions left out are
    carried to the next round.  Each group fits the budget unless it is a single
-   over-budget sample.
+   over-budget sample.  The runtime also hands it, as the keyword
+   ``summaries=``, the round's gathered summaries (every rank's, in rank order,
+   identical on every rank; the same list ``propose`` saw), so a policy can
+   shape its groups to a per-step cost profile every rank computes alike.  The
+   keyword is optional: a policy whose ``partition`` has no ``summaries``
+   parameter (nor ``**kwargs``) is called without it (`call_partition`), and a
+   direct call without it passes ``None``.
 
 The runtime checks every result against the table's contract and raises
 `odb.ProtocolError` on a violation, so a buggy policy cannot desynchronise ranks.
@@ -22,9 +28,10 @@ The runtime checks every result against the table's contract and raises
 
 from __future__ import annotations
 
+import inspect
 from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["Sizes", "CostModel", "AlignmentPolicy", "check_partition"]
+__all__ = ["Sizes", "CostModel", "AlignmentPolicy", "check_partition", "call_partition"]
 
 Sizes = tuple[int, ...]
 
@@ -55,8 +62,31 @@ class AlignmentPolicy(Protocol):
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
         ...
 
-    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel) -> list[list[int]]:
+    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
+                  summaries: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
         ...
+
+
+def _takes_summaries(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: the old contract
+        return False
+    return any(p.name == "summaries" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+               or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def call_partition(policy: AlignmentPolicy, window: Sequence[Sizes], target: int, real: int, cost: CostModel,
+                   summaries: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``policy.partition(window, target, real, cost, summaries=summaries)``, or without the
+    keyword when the policy's ``partition`` does not accept it (a policy written before the
+    keyword existed keeps working, without the gathered summaries).  Deterministic: the
+    choice depends only on the policy's signature, the same on every rank.  The result is
+    not checked here; call `check_partition`.
+    """
+    if _takes_summaries(policy.partition):
+        return policy.partition(window, target, real, cost, summaries=summaries)
+    return policy.partition(window, target, real, cost)
 
 
 def check_partition(groups: Sequence[Sequence[int]], n: int, real: int, window: Sequence[Sizes],

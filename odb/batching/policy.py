@@ -1,4 +1,4 @@
-"""The default cross-rank alignment policy: full groups only, a common minimum target.
+"""The default cross-rank alignment policy: full groups, a common minimum target, a shared cost profile.
 
 Legend
     n_r     rank r's window size this round (carry included)
@@ -6,25 +6,51 @@ Legend
     c_r     all groups of rank r's window, the open one included
     x_r     rank r's data source is exhausted
     T       the round's target: batches per rank
+    u       a group's cost / budget (`CostModel.utilisation`), its *fill*
+    h_r[b]  rank r's closed groups whose fill falls in bucket b (`fill_bucket`)
 
 Why this policy.  A DDP step lasts as long as its slowest rank, so every batch
 of a step should cost about the same.  The released package aligned ranks to the
 *largest* group count and padded the others by peeling single samples into
 singleton batches (plus a forced singleton per window), which wastes budget and
-creates stragglers.  Here the target is the *smallest* need:
+creates stragglers.  Here the target starts from the *smallest* need
 
-    T = max(1, min over ranks with n_r > 0 of (c_r if x_r else f_r))
+    need = max(1, min over ranks with n_r > 0 of (c_r if x_r else f_r))
 
-so every rank with data emits T groups that are full (closed) as long as it has
-them; a rank with more full groups carries the surplus (it is emitted in a later
-round, never dropped), and a partial (open) group is only emitted when its rank's
-source is exhausted or when the rank has no full group at all (a window too
-small for the budget).  No sample is peeled into a singleton.
+so every rank with data emits groups that are full (closed) as long as it has
+them; a rank with more full groups carries the surplus (emitted in a later
+round, never dropped), and a partial (open) group is only emitted when its
+rank's source is exhausted or when the rank has no full group at all (a window
+too small for the budget).  No sample is peeled into a singleton.
 
-Within a round a rank with more full groups than ``T`` emits its ``T`` fullest
-and carries the rest; every rank emits its groups in decreasing cost, so the
-k-th batch of every rank has a similar cost (all ranks draw from the same
-length distribution).
+The shared cost profile.  Every rank's summary carries the histogram ``h_r`` of
+its closed groups' fills (`fill_bucket`: widths of 0.025 of the budget from 0.5
+to 1, coarser above the budget for lone over-budget samples).  From the gathered
+summaries, identical on every rank, each rank computes the same *profile*
+(`profile`): for every bucket, costliest first, ``min over ranks with data of
+h_r[b]`` slots, cut to ``need``.  Every rank can fill each slot with a group of
+exactly that bucket, so the k-th batches of all ranks cost within 0.025 of the
+budget of each other.  The target is then
+
+    T = need                           if some rank with data is exhausted
+    T = max(1, len(profile))           otherwise
+
+i.e. while data flows a round emits only the slots every rank can match, and a
+group of a bucket that some rank lacks (typically a long sample whose padded
+batch is half empty, or a lone over-budget sample) is carried until every rank
+with data holds one of that bucket.  When the profile is empty (``T = 1``), or
+at the epoch end, the open slots take each rank's remaining closed group
+nearest to a full budget, over-budget samples last.  Within a bucket the group
+with the fewest padding tokens goes first, so the padding-heavy ones are
+carried and re-packed with the next samples (for a padded cost that is what
+lowers the step count).  Without summaries (``summaries=None``) the `real`
+fullest closed groups are taken.  Every rank emits its groups in decreasing
+fill, so slot k holds the k-th costliest group on every rank.
+
+Known limits (measured in ``paper_repro/results/quality_sim_*.md``): carried
+over-budget samples gather at the epoch end, where ranks hold different numbers
+of them; and no policy can beat the shard ceiling (mean over max of the ranks'
+total cost), which DistributedSampler shards of skewed lengths set below 0.97.
 
 The proposal reads only the gathered summaries, so it is the same on every
 rank; the table clamps it to ``[1, hi]``.  `partition` works for any ``real``
@@ -41,30 +67,56 @@ from ..errors import ProtocolError
 from .base import CostModel, Sizes
 from .grouping import Group, pack
 
-__all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG"]
+__all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "fill_bucket"]
 
-SUMMARY_TAG = 0x0DB1  # identifies this policy's summary layout (version 1)
+SUMMARY_TAG = 0x0DB2  # identifies this policy's summary layout (version 2: fill histogram)
+# Bucket upper edges in 1/1000 of the budget, costliest first: over budget in 6 steps (a lone
+# over-budget sample may cost up to several budgets), then widths of 0.025 down to 0.5, then the rest.
+_EDGES = (10**9, 3000, 2000, 1500, 1250, 1100) + tuple(range(1000, 475, -25))
+NUM_BUCKETS = len(_EDGES)
+_HEAD = 5  # [tag, n, exhausted, closed groups, all groups], then the fill histogram
+
+
+def fill_bucket(fill: float) -> int:
+    """Bucket of a group's fill (cost / budget), 0 the costliest: bucket b holds fills in
+    ``(_EDGES[b+1], _EDGES[b]]`` thousandths; the last bucket holds 0.5 and less."""
+    milli = int(round(1000 * fill))
+    for b in range(len(_EDGES) - 1):
+        if milli > _EDGES[b + 1]:
+            return b
+    return NUM_BUCKETS - 1
+
+
+def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
+    for r, s in enumerate(summaries):
+        if len(s) != length or s[0] != SUMMARY_TAG:
+            raise ProtocolError(
+                f"rank {r} posted a summary {list(s)[:8]} that is not BalancedPolicy's "
+                f"(length {length}, tag {SUMMARY_TAG}); the ranks would decide differently; "
+                "use the same alignment policy (and ODB version) on every rank")
 
 
 class BalancedPolicy:
-    """Full groups, minimum-need target, cost-ordered emission (see the module docstring).
+    """Full groups, minimum-need target, a shared per-step cost profile (see the module docstring).
 
-    Summary layout (``summary_len = 6`` ints):
-    ``[SUMMARY_TAG, n, exhausted, closed groups, all groups, mean closed fill in 1/1000]``.
-    `propose` is deterministic and does not depend on rank order (a minimum
-    over ranks); it raises ProtocolError on a summary of another layout (ranks
-    running different policies).  Holds a one-entry memo of the last packing (a pure cache: the
-    same window always packs the same way), so `summarize` and the following
-    `partition` of one round pack once.
+    Summary layout (``summary_len = 6 + NUM_BUCKETS`` ints):
+    ``[SUMMARY_TAG, n, exhausted, closed groups, all groups, window cost in 1/1000
+    budget, h[0] .. h[NUM_BUCKETS - 1]]`` (``h``: closed groups per `fill_bucket`).
+    `propose` and `profile` are deterministic and do not depend on rank order
+    (minima over ranks); both raise ProtocolError on a summary of another layout
+    (ranks running different policies).  Holds a one-entry memo of the last
+    packing (a pure cache: the same window always packs the same way), so
+    `summarize` and the following `partition` of one round pack once.
     """
 
-    summary_len = 6
+    summary_len = _HEAD + NUM_BUCKETS
 
     def __init__(self) -> None:
         self._memo: tuple[tuple, object, list[Group]] | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
+        """`grouping.pack` of the window (memoized for the last window)."""
         key = tuple(window)
         m = self._memo
         if m is not None and m[1] is cost and m[0] == key:
@@ -73,27 +125,52 @@ class BalancedPolicy:
         self._memo = (key, cost, g)
         return g
 
+    def profile(self, summaries: Sequence[Sequence[int]], target: int) -> list[int]:
+        """The round's shared profile: a non-increasing-cost list of fill buckets, at most
+        `target` long, that every rank with data can fill from its closed groups.
+
+        A pure function of the gathered summaries (identical on every rank, independent of
+        rank order).  Raises ProtocolError on a summary of another layout.
+        """
+        _check(summaries, self.summary_len)
+        live = [s for s in summaries if s[1] > 0]
+        out: list[int] = []
+        if not live:
+            return out
+        for b in range(NUM_BUCKETS):
+            out += [b] * min(s[_HEAD + b] for s in live)
+            if len(out) >= target:
+                return out[:target]
+        return out
+
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
         gs = self.groups(window, cost)
-        closed = [g for g in gs if g.closed]
-        fill = int(round(1000 * sum(g.fill for g in closed) / len(closed))) if closed else 0
-        return [SUMMARY_TAG, len(window), int(bool(exhausted)), len(closed), len(gs), fill]
+        hist = [0] * NUM_BUCKETS
+        for g in gs:
+            if g.closed:
+                hist[fill_bucket(g.fill)] += 1
+        return [SUMMARY_TAG, len(window), int(bool(exhausted)), sum(hist), len(gs), *hist]
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
-        need = []
-        for r, s in enumerate(summaries):
-            if len(s) != self.summary_len or s[0] != SUMMARY_TAG:
-                raise ProtocolError(
-                    f"rank {r} posted a summary {list(s)} that is not BalancedPolicy's "
-                    f"(length {self.summary_len}, tag {SUMMARY_TAG}); the ranks would decide differently; "
-                    "use the same alignment policy on every rank")
-            n, exhausted, closed, total = s[1], s[2], s[3], s[4]
-            if n > 0:
-                need.append(total if exhausted else closed)
-        return max(1, min(need)) if need else 1
+        _check(summaries, self.summary_len)
+        need = [(s[4] if s[2] else s[3]) for s in summaries if s[1] > 0]
+        if not need:
+            return 1
+        t = max(1, min(need))
+        if any(s[2] for s in summaries if s[1] > 0):
+            return t  # epoch end: exhausted ranks flush every group, the profile no longer binds
+        return max(1, len(self.profile(summaries, t)))
 
-    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel) -> list[list[int]]:
+    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
+                  summaries: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+        """`real` groups of `window` (see the module and `AlignmentPolicy` docstrings).
+
+        :param summaries: this round's gathered summaries (every rank's, identical on
+            every rank); None falls back to the `real` fullest closed groups.
+        :raises ProtocolError: ``real`` outside ``[0, len(window)]``, or summaries of
+            another layout.
+        """
         if not 0 <= real <= len(window):
             raise ProtocolError(f"partition asked for {real} groups from a window of {len(window)}")
         if real == 0:
@@ -101,10 +178,7 @@ class BalancedPolicy:
         gs = self.groups(window, cost)
         closed = [g for g in gs if g.closed]
         if real <= len(closed):
-            # the `real` fullest closed groups, in decreasing fill; a poorly filled one is
-            # carried and emitted when the rank has nothing better (every rank does the same,
-            # so poor groups of different ranks tend to meet in the same steps)
-            pick = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))[:real]
+            pick = self._pick(window, closed, real, summaries, target)
             return [list(closed[k].positions) for k in pick]
         chosen = [list(g.positions) for g in gs[:real]]  # every closed group, then the open one
         while len(chosen) < real:  # more groups than the window forms: split the largest
@@ -113,6 +187,31 @@ class BalancedPolicy:
             half = (len(g) + 1) // 2
             chosen[i:i + 1] = [g[:half], g[half:]]
         return sorted(chosen, key=lambda g: -cost.utilisation([window[p] for p in g]))
+
+    def _pick(self, window: Sequence[Sizes], closed: list[Group], real: int,
+              summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:
+        """Indices into `closed` of the `real` groups to emit, in decreasing fill."""
+        def tokens(k: int) -> int:
+            return sum(window[p][0] if window[p] else 0 for p in closed[k].positions)
+
+        if summaries is None:
+            rank = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))
+            return rank[:real]
+        # per bucket: fewest padding tokens first (real tokens per unit of cost), then position
+        by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
+        for k in sorted(range(len(closed)), key=lambda k: (-tokens(k) / max(closed[k].fill, 1e-12), k)):
+            by_bucket[fill_bucket(closed[k].fill)].append(k)
+        taken: list[int] = []
+        for b in self.profile(summaries, max(target, real))[:real]:
+            if by_bucket[b]:
+                taken.append(by_bucket[b].pop(0))
+        # the slots the profile leaves open: fullest within budget first; a lone over-budget
+        # sample (a step of its own cost) only when nothing else is left, cheapest first
+        left = sorted((k for ks in by_bucket for k in ks),
+                      key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
+        taken += left[:real - len(taken)]
+        return sorted(taken, key=lambda k: (-closed[k].fill, k))
+
 
 def default_policy() -> BalancedPolicy:
     """The policy ODB uses unless told otherwise (a fresh instance per rank)."""

@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..batching.base import check_partition
+from ..batching.base import call_partition, check_partition
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
@@ -231,7 +231,8 @@ class Engine:
             target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
             sizes = [it.sizes for it in self._window]
             try:
-                groups = self.policy.partition(sizes, target, real, self.cost)
+                groups = call_partition(self.policy, sizes, target, real, self.cost,
+                                        [h[3:3 + self.S] for h in self._gathered])  # this round's summaries
                 check_partition(groups, len(sizes), real, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._local_error(ProtocolError(
