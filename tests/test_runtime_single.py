@@ -185,6 +185,36 @@ def test_loss_scale_bases_and_pop_step_info_contract():
             odb.pop_step_info(batch)
 
 
+@pytest.mark.parametrize("collate", ["pad", "packed"])
+def test_shift_labels_counts_label_tokens_as_the_causal_lm_loss_sees_them(collate):
+    from odb.batching import packed_collate
+
+    fn = {"pad": pad_collate, "packed": packed_collate}[collate]
+    ds = Stream(LENGTHS, range(50))  # labels == input_ids: labels[0] is a label, not -100
+    counts = {}
+    for shift in (False, True):
+        with odb.ODBDataLoader(ds, 128, fn, buffer_size=8, shift_labels=shift) as loader:
+            infos = []
+            for batch in loader:
+                info = odb.pop_step_info(batch)
+                shifted = int((batch["labels"][:, 1:] != -100).sum())  # what the shifted CE loss averages over
+                if shift:
+                    assert info.local_label_tokens == info.global_label_tokens == shifted
+                infos.append(info)
+        counts[shift] = sum(i.local_label_tokens for i in infos)
+    assert counts[False] == sum(LENGTHS) and counts[True] == sum(LENGTHS) - 50
+    with pytest.raises(odb.ConfigError, match="shift_labels"):
+        odb.ODBDataLoader(ds, 128, fn, shift_labels="yes")
+
+
+def test_count_labels_shift_skips_position_zero():
+    from odb.runtime.source import count_labels
+
+    s = {"labels": [7, -100, 8, 9]}
+    assert count_labels(s) == 3 and count_labels(s, shift=True) == 2
+    assert count_labels({"labels": torch.tensor([5, 6])}, shift=True) == 1 and count_labels({}, shift=True) == 0
+
+
 @pytest.mark.parametrize("kwargs, msg", [
     ({"mode": "fast"}, "mode"), ({"oversize": "drop"}, "oversize"), ({"loss_basis": "x"}, "loss_basis"),
     ({"buffer_size": 0}, "buffer_size"), ({"timeout_s": 0}, "timeout_s"),

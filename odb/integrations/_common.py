@@ -2,7 +2,9 @@
 sample-based progress and the LR schedule on samples, checkpointable state.
 
 Legend: K = micro-steps per optimizer step (gradient accumulation), W = world
-size, basis = the loader's ``loss_basis`` (tokens, label_tokens or samples);
+size, basis = the loader's ``loss_basis`` (tokens, label_tokens or samples;
+label tokens as the loader counts them: ``labels`` as given, or ``labels[1:]``
+with ``shift_labels=True``, what a causal LM's shifted loss averages over);
 ``l_i`` / ``g_i`` = this rank's / every rank's basis count in micro-step i.
 
 The loss contract every adapter implements.  Over one accumulation window of K

@@ -49,9 +49,11 @@ hook that wraps its loop in DDP ``Join``; use ``"pad"`` (default) or
 ``"quota"``.  ``auto_find_batch_size`` and hyperparameter search are not
 supported.  Columns are not removed from a ``datasets.Dataset`` (the collate
 function must build model inputs itself).  For a causal LM with
-``loss_basis="label_tokens"``, ``labels[0]`` of every sample must be -100
-(position 0 is never a prediction target; the loader counts unshifted
-labels): checked per batch, `ConfigError` otherwise.
+``loss_basis="label_tokens"`` the loader must count labels as the shifted loss
+sees them: pass ``shift_labels=True`` in ``odb_loader_kwargs`` (counts
+``labels[1:]``), or keep the default and set ``labels[0] = -100`` in every
+sample (position 0 is never a prediction target); with the default, the latter
+is checked per batch, `ConfigError` otherwise.
 """
 
 from __future__ import annotations
@@ -213,7 +215,7 @@ class ODBTrainerMixin:
         infos = [ms.info for ms in batches]
         batches = [ms.batch for ms in batches]
         basis = loader_setting(self.odb_loader, "loss_basis")
-        if basis == "label_tokens":
+        if basis == "label_tokens" and not getattr(self.odb_loader, "shift_labels", False):
             self._odb_check_labels(batches)
         weights = window_weights(infos, basis, self.odb_loader.world_size)
         # The stream ended inside a window (same step on every rank in PAD/QUOTA): complete the
@@ -238,7 +240,8 @@ class ODBTrainerMixin:
                 raise ConfigError(
                     "a causal-LM batch has labels[:, 0] != -100: the model shifts labels (position 0 is never "
                     "a target) but the loader counts unshifted label tokens, so the loss would be divided by "
-                    "too many tokens; set labels[0] = -100 in preprocessing (it changes no target)")
+                    "too many tokens; pass shift_labels=True in odb_loader_kwargs (the loader then counts "
+                    "labels[1:]), or set labels[0] = -100 in preprocessing (it changes no target)")
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         """Training: the model's mean loss times this micro-batch's window weight; evaluation: unchanged."""

@@ -32,7 +32,9 @@ class StepInfo:
         this step's batches of every rank.
     :param local_tokens / global_tokens: tokens (resource 0 of the sizes).
     :param local_label_tokens / global_label_tokens: label positions that are
-        not -100 (``labels`` as given, not shifted).
+        not -100: of ``labels`` as given, or of each sample's ``labels[1:]``
+        with the loader's ``shift_labels=True`` (what a causal LM's loss
+        averages over).
     :param loss_scale: ``world_size * local_basis / global_basis`` for the
         loader's ``loss_basis``; 0 for a filler and when ``global_basis == 0``.
         Multiply the rank's mean loss by it: DDP's gradient mean over

@@ -160,6 +160,13 @@ class ODBDataLoader:
         "error"; always counted in ``stats.oversize``.
     :param loss_basis: what ``StepInfo.loss_scale`` averages over: "label_tokens",
         "tokens" or "samples".
+    :param shift_labels: count label tokens as a causal LM's loss sees them: the
+        labels that are not -100 among ``labels[1:]`` of each sample (Hugging Face
+        ``*ForCausalLM`` shifts labels by one, so position 0 is never a target).
+        Default False: ``labels`` as given (right for seq2seq models, and for a
+        causal LM whose preprocessing already sets ``labels[0] = -100``).  Affects
+        ``StepInfo.*_label_tokens`` and so ``loss_scale`` with ``loss_basis=
+        "label_tokens"``.
     :param length_fn: sample -> int or tuple of ints (sizes per resource, tokens first);
         default ``len(sample["input_ids"])``.  Runs in the workers (must be picklable
         under spawn).  Length 0 samples are skipped and counted (``stats.empty``).
@@ -183,7 +190,7 @@ class ODBDataLoader:
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  multiprocessing_context=None, worker_init_fn: Callable | None = None,
                  buffer_size: int = 256, mode: str = "pad", cost: Any = "padded", policy=None,
-                 oversize: str = "alone", loss_basis: str = "label_tokens",
+                 oversize: str = "alone", loss_basis: str = "label_tokens", shift_labels: bool = False,
                  length_fn: Callable | None = None, filler_sample: Mapping | None = None,
                  process_group=None, timeout_s: float = 300.0, trace_dir: str | None = None):
         self._closed = True  # until construction completes (close() / __del__ are then no-ops)
@@ -195,13 +202,17 @@ class ODBDataLoader:
         self.dataset, self.collate_fn = dataset, collate_fn or pad_collate
         self.sampler, self.shuffle, self.seed = sampler, shuffle, int(seed)
         self.buffer_size, self.mode, self.oversize, self.loss_basis = int(buffer_size), mode, oversize, loss_basis
+        if not isinstance(shift_labels, bool):
+            raise ConfigError(f"shift_labels must be True or False, got {shift_labels!r}")
+        self.shift_labels = shift_labels
         self.timeout_s, self.trace_dir, self.filler_sample = float(timeout_s), trace_dir, filler_sample
         self.cost, self.policy = self._make_policy(cost, policy, token_budget)
         self.token_budget = token_budget
         self.rank, self.world_size, self._group = self._make_group(process_group)
         self._source = Source(dataset, length_fn=length_fn, num_workers=num_workers,
                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                              multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn)
+                              multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
+                              shift_labels=shift_labels)
         self.stats = LoaderStats()
         self._loader_id = next(_LOADER_IDS)
         self._epoch = 0

@@ -47,25 +47,35 @@ def default_length(sample: Any) -> int:
     return len(sample["input_ids"])
 
 
-def count_labels(sample: Any) -> int:
-    """Label positions that are not -100 (``labels`` as given, unshifted); 0 if the sample has none."""
+def count_labels(sample: Any, shift: bool = False) -> int:
+    """Label positions that are not -100; 0 if the sample has none.
+
+    ``shift=False`` counts ``labels`` as given.  ``shift=True`` counts
+    ``labels[1:]``: the targets a causal LM's loss averages over after it
+    shifts labels by one (Hugging Face ``*ForCausalLM``: ``labels[..., 1:]``),
+    so position 0 is never counted.  With right padding by -100 (`pad_collate`)
+    or packing with each sample's first label set to -100 (`packed_collate`)
+    the batch's shifted count is the sum of its samples' shifted counts.
+    """
     labels = sample.get("labels") if isinstance(sample, Mapping) else None
     if labels is None:
         return 0
+    if shift:
+        labels = labels[1:]
     if isinstance(labels, torch.Tensor):
         return int((labels != -100).sum())
     return sum(1 for v in labels if v != -100)
 
 
-def _measure(sample: Any, length_fn: Callable | None) -> tuple[tuple[int, ...], int]:
+def _measure(sample: Any, length_fn: Callable | None, shift: bool) -> tuple[tuple[int, ...], int]:
     raw = default_length(sample) if length_fn is None else length_fn(sample)
     sizes = (int(raw),) if isinstance(raw, (int,)) or hasattr(raw, "__index__") else tuple(int(v) for v in raw)
     if not sizes or any(v < 0 for v in sizes):
         raise ValueError(f"length must be a non-negative int or a non-empty tuple of them, got {raw!r}")
-    return sizes, count_labels(sample)
+    return sizes, count_labels(sample, shift)
 
 
-def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable | None) -> tuple:
+def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable | None, shift: bool) -> tuple:
     try:
         sample = get()
     except Exception as e:  # reported on this rank with the index, see module doc
@@ -73,7 +83,7 @@ def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable |
     if sample is None:
         return pos, index, None, None
     try:
-        return pos, index, sample, _measure(sample, length_fn)
+        return pos, index, sample, _measure(sample, length_fn, shift)
     except Exception as e:
         return pos, index, sample, _Failure("length", e)
 
@@ -81,20 +91,20 @@ def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable |
 class _MapFetch(Dataset):
     """Map-style wrapper: key ``(position, index)`` -> processed, measured item."""
 
-    def __init__(self, dataset: Dataset, length_fn: Callable | None):
-        self.dataset, self.length_fn = dataset, length_fn
+    def __init__(self, dataset: Dataset, length_fn: Callable | None, shift: bool):
+        self.dataset, self.length_fn, self.shift = dataset, length_fn, shift
 
     def __getitem__(self, key):
         pos, index = key
-        return _process(pos, index, lambda: self.dataset[index], self.length_fn)
+        return _process(pos, index, lambda: self.dataset[index], self.length_fn, self.shift)
 
 
 class _IterFetch(IterableDataset):
     """Iterable wrapper: numbers the stream so positions are unique across workers
     (``position = k * num_workers + worker_id``)."""
 
-    def __init__(self, dataset: IterableDataset, length_fn: Callable | None):
-        self.dataset, self.length_fn = dataset, length_fn
+    def __init__(self, dataset: IterableDataset, length_fn: Callable | None, shift: bool):
+        self.dataset, self.length_fn, self.shift = dataset, length_fn, shift
 
     def __iter__(self):
         info = get_worker_info()
@@ -110,7 +120,7 @@ class _IterFetch(IterableDataset):
             except Exception as e:
                 yield pos, pos, None, _Failure("preprocessing", e)
                 return
-            yield _process(pos, pos, lambda: sample, self.length_fn)
+            yield _process(pos, pos, lambda: sample, self.length_fn, self.shift)
             k += 1
 
 
@@ -164,10 +174,10 @@ class Source:
     """
 
     def __init__(self, dataset, *, length_fn, num_workers: int, prefetch_factor, persistent_workers: bool,
-                 multiprocessing_context, worker_init_fn, pin_memory: bool = False):
+                 multiprocessing_context, worker_init_fn, pin_memory: bool = False, shift_labels: bool = False):
         self.iterable = isinstance(dataset, IterableDataset)
         self._keys = None if self.iterable else _Keys()
-        wrapped = _IterFetch(dataset, length_fn) if self.iterable else _MapFetch(dataset, length_fn)
+        wrapped = (_IterFetch if self.iterable else _MapFetch)(dataset, length_fn, bool(shift_labels))
         kw = dict(batch_size=None, collate_fn=_identity, num_workers=num_workers,
                   persistent_workers=persistent_workers and num_workers > 0,
                   multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
