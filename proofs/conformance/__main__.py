@@ -12,6 +12,8 @@ if __name__ == "__main__":
         status = "OK" if r.ok else "VIOLATION"
         print(f"{r.name}: {status} ranks={r.world_size} events={r.events} rounds={r.rounds} "
               f"aborted={r.aborted} rows={dict(r.rows)}")
+        for e in r.local_errors + r.failures:
+            print("    error:", e.splitlines()[0])
         for p in r.problems[:20]:
             print("   ", p)
     sys.exit(0 if reports and all(r.ok for r in reports) else 1)
