@@ -11,6 +11,15 @@ samples per rank, padded cost under ``budget`` tokens:
 
 A PAD filler is charged one forward/backward of a median-length sample; a
 JOIN-finished rank costs nothing.  ODB also pays one header all-gather per round.
+
+Each (distribution, N) cell is run for ``seeds`` independent draws of the
+lengths and reported as the mean, with the standard deviation of the key
+ratios (one draw of 48 samples per rank misordered neighbouring distributions
+by less than the draw-to-draw spread).  The ``equal_mean`` control reruns the
+grid with every draw rescaled to the same mean length (CV unchanged up to
+rounding): the paper's four datasets differ in mean length as well as CV, and a
+shorter mean makes batch-1 Standard relatively slower (the MFU knee), which
+confounds "gain grows with CV" at small N.
 """
 
 from __future__ import annotations
@@ -21,10 +30,14 @@ import numpy as np
 
 from . import cluster_sim as cs
 
-__all__ = ["GRID_QUICK", "GRID_FULL", "plan_from_schedule", "run_one", "run_all", "protocol_table"]
+__all__ = ["GRID_QUICK", "GRID_FULL", "plan_from_schedule", "run_one", "run_seeds", "run_all", "protocol_table"]
 
-GRID_QUICK = {"worlds": [8, 16, 64, 256], "samples_per_rank": 48, "window": 256, "budget": 12288}
-GRID_FULL = {"worlds": [8, 16, 64, 256, 1024], "samples_per_rank": 128, "window": 1024, "budget": 12288}
+GRID_QUICK = {"worlds": [8, 16, 64, 256], "samples_per_rank": 128, "seeds": 3, "window": 256, "budget": 12288,
+              "equal_mean": 1250.0}
+GRID_FULL = {"worlds": [8, 16, 64, 256, 1024], "samples_per_rank": 256, "seeds": 5, "window": 1024,
+             "budget": 12288, "equal_mean": 1250.0}
+# The ratios whose seed-to-seed spread is reported.
+RATIOS = ("gmt_vs_standard", "bmt_vs_standard", "odb_pad_vs_standard", "odb_vs_gmt", "odb_vs_bmt")
 DISTS = ["llava", "ultrachat", "mmmix", "sharegpt4o"]
 
 
@@ -41,7 +54,10 @@ def plan_from_schedule(schedule, lengths, filler_len: int) -> cs.Plan:
     return plan
 
 
-def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budget: int, seed: int = 0) -> dict:
+def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budget: int, seed: int = 0,
+            mean: float | None = None) -> dict:
+    """One draw: every method's plan through the step model.  `mean`: rescale the drawn lengths
+    to this mean (rounded, at least 1 token) before anything else; None keeps the distribution's."""
     from odb.baselines import bucketed_max_tokens, global_max_tokens, standard
     from odb.batching import default_policy, make_cost_model
 
@@ -50,6 +66,8 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     n = world_size * samples_per_rank
     sizes = distributions.sample_lengths(dist, n, seed=seed)
     lengths = np.array([s[0] for s in sizes])
+    if mean is not None:
+        lengths = np.maximum(1, np.rint(lengths * (mean / lengths.mean()))).astype(np.int64)
     order = np.random.default_rng(seed).permutation(n)  # one shuffle, shared by every method
     lengths = lengths[order]
     sizes = [(int(x),) for x in lengths]
@@ -79,6 +97,32 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     return out
 
 
+def _mean_tree(xs: list):
+    """Element-wise mean of equally shaped records (numbers averaged; other leaves from the first)."""
+    x0 = xs[0]
+    if isinstance(x0, dict):
+        return {k: _mean_tree([x[k] for x in xs]) for k in x0}
+    if isinstance(x0, (int, float)) and not isinstance(x0, bool):
+        return float(np.mean(xs))
+    return x0
+
+
+def run_seeds(dist: str, world_size: int, samples_per_rank: int, window: int, budget: int, seeds: int,
+              mean: float | None = None) -> dict:
+    """`run_one` over seeds 0..seeds-1: the mean record, plus ``<ratio>_sd`` (population sd over
+    seeds) and ``<ratio>_all`` for every ratio in RATIOS, and ``seeds``."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    runs = [run_one(dist, world_size, samples_per_rank, window, budget, seed=s, mean=mean) for s in range(seeds)]
+    out = _mean_tree(runs)
+    out["world_size"], out["samples"], out["seeds"] = world_size, runs[0]["samples"], seeds
+    out["mean_len"] = mean
+    for k in RATIOS:
+        vals = [r[k] for r in runs]
+        out[k + "_sd"], out[k + "_all"] = float(np.std(vals)), vals
+    return out
+
+
 def protocol_table(worlds, window: int) -> list[dict]:
     from odb.batching import default_policy
 
@@ -87,12 +131,15 @@ def protocol_table(worlds, window: int) -> list[dict]:
 
 
 def run_all(full: bool = False, progress: bool = True) -> dict:
+    """The grid (quick or full): ``rows`` as the distributions come, ``control`` at one equal mean length."""
     from tqdm import tqdm
 
     g = GRID_FULL if full else GRID_QUICK
-    rows = []
-    jobs = [(d, n) for n in g["worlds"] for d in DISTS]
-    for d, n in tqdm(jobs, desc="cluster simulation", unit="case", disable=not progress):
-        rows.append(run_one(d, n, g["samples_per_rank"], g["window"], g["budget"]))
+    jobs = [(d, n, m) for m in (None, g["equal_mean"]) for n in g["worlds"] for d in DISTS]
+    rows, control = [], []
+    for d, n, m in tqdm(jobs, desc="cluster simulation", unit="case", disable=not progress):
+        (rows if m is None else control).append(
+            run_seeds(d, n, g["samples_per_rank"], g["window"], g["budget"], g["seeds"], mean=m))
     worlds = sorted(set(g["worlds"]) | {1024, 4096})
-    return {"grid": g, "rows": rows, "protocol": protocol_table(worlds, 1024), "model": cs.H20_2B.__dict__}
+    return {"grid": g, "rows": rows, "control": control, "protocol": protocol_table(worlds, 1024),
+            "model": cs.H20_2B.__dict__}

@@ -29,7 +29,9 @@ from . import report
 __all__ = ["quick_specs", "full_specs", "run_spec", "main", "RESULTS"]
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-ALL_METHODS = ["standard1", "standardB", "gmt", "bmt", "odb_pad", "odb_join"]
+# ODB pad first: Standard's gradient accumulation is matched to its samples per optimizer step (train.py).
+ALL_METHODS = ["odb_pad", "odb_join", "gmt", "bmt", "standard1", "standardB", "standard1_noacc"]
+LENGTH_METHODS = [m for m in ALL_METHODS if m != "standardB"]
 # The paper's four datasets, as CV-matched length distributions (paper_repro.distributions).
 PAPER_DISTS = [("llava", 0.29), ("ultrachat", 0.48), ("mmmix", 0.80), ("sharegpt4o", 1.00)]
 
@@ -38,17 +40,23 @@ def _base(**kw) -> dict:
     # length_scale 16: the paper's lengths (mean 1000-1500 tokens on a 2B model) sit far below an H20's
     # saturation point; dividing by 16 puts a mean sample of the 64-wide CPU net in the same regime
     # (its step is dominated by per-step work, not per-token work).  CVs are unchanged (clipping aside).
+    # budget 768 and cutoff 1024 are the paper's 12288-token budget (2B MM-Mix recipe) and 16384 cutoff on
+    # the same /16 scale, so a batch holds about as many samples as the paper's.  At that scale no sample
+    # fits twice in the budget's worst case, so the memory-equivalent fixed batch is 1 = Standard batch 1
+    # and is left out of the length workloads (LENGTH_METHODS).
     spec = {"kind": "lengths", "num_train": 256, "num_val": 64, "cutoff": 1024, "seed": 0, "vocab": 2048,
-            "net": {"dim": 64, "layers": 2, "heads": 4}, "lora": False, "budget": 2048, "lr": 2e-3,
-            "epochs": 3, "window": 64, "length_scale": 16.0, "methods": ALL_METHODS, "timeout_s": 120}
+            "net": {"dim": 64, "layers": 2, "heads": 4}, "lora": False, "budget": 768, "lr": 2e-3,
+            "epochs": 3, "window": 256, "length_scale": 16.0, "methods": ALL_METHODS, "timeout_s": 120,
+            "accum_match": "odb_pad", "accum_methods": ["standard1", "standardB"]}
     spec.update(kw)
     return spec
 
 
 def quick_specs() -> list[dict]:
     """One spec per paper dataset (full FT), plus LoRA, the real text corpus and the images."""
-    specs = [_base(name=f"{d}_full", dist=d, paper_cv=cv) for d, cv in PAPER_DISTS]
-    specs.append(_base(name="sharegpt4o_lora", dist="sharegpt4o", paper_cv=1.00, lora=True, lr=5e-3))
+    specs = [_base(name=f"{d}_full", dist=d, paper_cv=cv, methods=LENGTH_METHODS) for d, cv in PAPER_DISTS]
+    specs.append(_base(name="sharegpt4o_lora", dist="sharegpt4o", paper_cv=1.00, lora=True, lr=5e-3,
+                       methods=LENGTH_METHODS))
     specs.append(_base(name="docstrings_text_full", kind="text", cutoff=512, budget=1024, length_scale=1.0, epochs=2))
     specs.append(_base(name="images_mm_full", kind="mm", cutoff=128, budget=1024, num_train=128, num_val=32,
                        max_side=336, length_scale=1.0, epochs=2))
@@ -57,7 +65,7 @@ def quick_specs() -> list[dict]:
 
 def full_specs() -> list[dict]:
     specs = [dict(s, num_train=s["num_train"] * 4, epochs=3, window=256) for s in quick_specs()]
-    specs.append(_base(name="sharegpt4o_hf_llama", dist="sharegpt4o", paper_cv=1.00,
+    specs.append(_base(name="sharegpt4o_hf_llama", dist="sharegpt4o", paper_cv=1.00, methods=LENGTH_METHODS,
                        net={"dim": 64, "layers": 2, "heads": 4, "impl": "hf"}))
     return specs
 
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = [s for s in specs if s["name"] in keep]
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
+    load0 = os.getloadavg()[0]
     runs = []
     if not args.skip_train:
         total = sum(len(s["methods"]) for s in specs)
@@ -126,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(s["name"])
                 runs.append(run_spec(s, wd, on_progress=lambda m: bar.update(1)))
     sim = cluster_runs.run_all(full=args.full, progress=True)
-    report.write_all(args.out, runs, sim, full=args.full, elapsed_s=time.monotonic() - t_start)
+    report.write_all(args.out, runs, sim, full=args.full, elapsed_s=time.monotonic() - t_start,
+                     load=(load0, os.getloadavg()[0]))
     print(f"wrote {args.out}/SUMMARY.md in {time.monotonic() - t_start:.0f}s")
     return 0
 

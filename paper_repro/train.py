@@ -14,12 +14,27 @@ steps along the same curve), one after another in this process group so that
 the ratios are measured under the same machine load.
 
 Methods (per rank, `world_size` ranks):
-    standard1   fixed batch of 1 per rank (the paper's public examples), DistributedSampler
-    standardB   fixed "memory-equivalent" batch: budget // cutoff samples per rank
+    standard1   fixed batch of 1 per rank (the paper's public examples), DistributedSampler,
+                with gradient accumulation (see below)
+    standard1_noacc  the same with one optimizer step per micro-batch (no accumulation)
+    standardB   fixed "memory-equivalent" batch: budget // cutoff samples per rank, accumulated
     gmt / bmt   odb.baselines GlobalMaxTokens / BucketedMaxTokens, fed a length cache
                 that this worker builds first by running the pipeline (its cost is reported)
     odb_pad     odb.ODBDataLoader(mode="pad")
     odb_join    odb.ODBDataLoader(mode="join") with DDP `Join` on the model side
+
+Gradient accumulation (the quality protocol): the paper's recipes run Standard
+as per-device batch 1 *with* an effective batch.  Here that effective batch is
+matched to ODB: ``spec["accum_match"]`` names a method that runs earlier in the
+same job (``"odb_pad"``); its mean global samples per optimizer step S fixes
+``accum = max(1, round(S / (world_size * batch)))`` micro-batches per optimizer
+step for every method listed in ``spec["accum_methods"]``.  Accumulated
+micro-batches run under ``DDP.no_sync`` (one gradient all-reduce per optimizer
+step, as HF/Accelerate do) and each is weighted 1/accum; an epoch's last group
+may be shorter and is weighted by its own length.  So at equal samples seen,
+ODB and Standard have taken about the same number of optimizer steps with the
+same learning rate (the schedule is on samples; sqrt scaling on the global
+samples of the optimizer step).
 
 Loss: each rank computes the mean next-token loss over its label tokens; ODB
 batches multiply it by ``info.loss_scale`` (global label-token mean after DDP's
@@ -34,6 +49,7 @@ for every method), per-step (samples seen, train loss) for the loss curves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -46,9 +62,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import workloads
 
-__all__ = ["main", "run_method", "METHODS"]
+__all__ = ["main", "run_method", "accum_for", "METHODS"]
 
-METHODS = ("standard1", "standardB", "gmt", "bmt", "odb_pad", "odb_join")
+METHODS = ("odb_pad", "odb_join", "gmt", "bmt", "standard1", "standardB", "standard1_noacc")
 
 
 def _lr_at(samples_seen: int, total: int, peak: float, warmup_frac: float = 0.05) -> float:
@@ -83,8 +99,11 @@ def evaluate(net, val_batches, rank: int, world_size: int) -> float:
     return float(s[0] / s[1])
 
 
-def run_method(method: str, spec: dict, rank: int, world_size: int) -> dict:
-    """Train one method for spec["epochs"] epochs; returns this rank's record."""
+def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int = 1) -> dict:
+    """Train one method for spec["epochs"] epochs, `accum` micro-batches per optimizer step;
+    returns this rank's record."""
+    if accum < 1:
+        raise ValueError(f"accum must be >= 1 micro-batches per optimizer step, got {accum}")
     ds_train, ds_val = workloads.build_datasets(spec)
     val_batches = workloads.val_batches(ds_val, spec)
     # The source first: it may raise MethodUnavailable, which must happen before any collective.
@@ -94,9 +113,9 @@ def run_method(method: str, spec: dict, rank: int, world_size: int) -> dict:
     opt = torch.optim.AdamW(params, lr=spec["lr"], weight_decay=0.0)
     ddp = DDP(net, find_unused_parameters=False)
     total = spec["epochs"] * len(ds_train)
-    rec = {"method": method, "steps": 0, "local_samples": 0, "real_tokens": 0, "padded_tokens": 0,
-           "wait_s": 0.0, "train_s": 0.0, "val_loss": [], "curve": [], "setup_s": source.setup_s,
-           "notes": source.notes, "fillers": 0, "over_budget_batches": 0}
+    rec = {"method": method, "steps": 0, "micro_steps": 0, "accum": accum, "local_samples": 0, "real_tokens": 0,
+           "padded_tokens": 0, "wait_s": 0.0, "train_s": 0.0, "val_loss": [], "curve": [],
+           "setup_s": source.setup_s, "notes": source.notes, "fillers": 0, "over_budget_batches": 0}
     seen = 0  # global samples seen so far (identical on every rank: from the batch sources' global counts)
     rec["val_loss"].append((0, evaluate(net, val_batches, rank, world_size)))
     for epoch in range(spec["epochs"]):
@@ -106,35 +125,73 @@ def run_method(method: str, spec: dict, rank: int, world_size: int) -> dict:
             ds_train.set_epoch(epoch)  # a new augmentation draw every epoch, for every method
         with source.join_context(ddp):
             it = iter(source.epoch(epoch))
-            while True:
+            done = False
+            while not done:
+                # One optimizer step = up to `accum` micro-batches.  Every rank gets the same number of
+                # micro-batches per epoch from a fixed-batch source (equal shards), so the groups align;
+                # ODB and GMT/BMT run with accum 1.
+                group = []
                 tw = time.perf_counter()
-                try:
-                    batch, meta = next(it)
-                except StopIteration:
-                    break
+                while len(group) < accum:
+                    try:
+                        group.append(next(it))
+                    except StopIteration:
+                        done = True
+                        break
                 rec["wait_s"] += time.perf_counter() - tw
-                lr = _lr_at(seen, total, spec["lr"]) * _lr_batch_factor(meta["global_samples"], world_size, spec)
+                if not group:
+                    break
+                g_samples = sum(meta["global_samples"] for _, meta in group)
+                lr = _lr_at(seen, total, spec["lr"]) * _lr_batch_factor(g_samples, world_size, spec)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                loss_sum, n = ddp(batch)
-                loss = loss_sum / max(1, n) * meta["scale"]
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                for i, (batch, meta) in enumerate(group):
+                    # no_sync on all but the last micro-batch: one gradient all-reduce per optimizer step
+                    ctx = ddp.no_sync() if i < len(group) - 1 else contextlib.nullcontext()
+                    with ctx:
+                        loss_sum, n = ddp(batch)
+                        loss = loss_sum / max(1, n) * meta["scale"] / len(group)
+                        loss.backward()
+                    rec["micro_steps"] += 1
+                    rec["fillers"] += int(meta["filler"])
+                    rec["local_samples"] += meta["local_samples"]
+                    rec["real_tokens"] += meta["real_tokens"]
+                    rec["padded_tokens"] += meta["padded_tokens"]
+                    rec["over_budget_batches"] += int(meta["padded_tokens"] > spec["budget"]
+                                                      and meta["local_samples"] > 1)
+                    if not meta["filler"]:
+                        rec["curve"].append((seen + meta["global_samples"] * (i + 1),
+                                             float(loss_sum.detach()) / max(1, n)))
                 opt.step()
-                seen += meta["global_samples"]
+                seen += g_samples
                 rec["steps"] += 1
-                rec["fillers"] += int(meta["filler"])
-                rec["local_samples"] += meta["local_samples"]
-                rec["real_tokens"] += meta["real_tokens"]
-                rec["padded_tokens"] += meta["padded_tokens"]
-                rec["over_budget_batches"] += int(meta["padded_tokens"] > spec["budget"] and meta["local_samples"] > 1)
-                if not meta["filler"]:
-                    rec["curve"].append((seen, float(loss_sum.detach()) / max(1, n)))
         rec["train_s"] += time.perf_counter() - t0
         # Every sample was seen exactly once per epoch by every method here; use the exact count.
         seen = (epoch + 1) * len(ds_train)
         rec["val_loss"].append((seen, evaluate(net, val_batches, rank, world_size)))
     return rec
+
+
+def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
+    """Micro-batches per optimizer step for `method` (the quality protocol in the module docstring).
+
+    1 unless `method` is in spec["accum_methods"]; then matched to the mean global samples per
+    optimizer step of spec["accum_match"], which must have run already in this job (every rank
+    holds the same merged records, so every rank computes the same value).
+    """
+    if method not in spec.get("accum_methods", ()):
+        return 1
+    ref = done.get(spec.get("accum_match", ""))
+    if ref and "unavailable" in ref:
+        raise workloads.MethodUnavailable(f"{method}: its accumulation is matched to {spec['accum_match']!r}, "
+                                          f"which is unavailable here ({ref['unavailable']})")
+    if not ref:
+        raise ValueError(f"{method}: accumulation is matched to {spec.get('accum_match')!r}, which has not run "
+                         f"successfully before it in this job (methods in order: {spec['methods']}); "
+                         "list the reference method first")
+    per_step = ref["samples"] / max(1, ref["steps"])
+    return max(1, round(per_step / (world_size * workloads.fixed_batch_size(method, spec))))
 
 
 def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
@@ -145,6 +202,8 @@ def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
     for k in ("local_samples", "real_tokens", "padded_tokens", "fillers", "over_budget_batches"):
         out[k.replace("local_", "")] = sum(r[k] for r in recs)
     out["steps"] = max(r["steps"] for r in recs)
+    out["micro_steps"] = max(r["micro_steps"] for r in recs)
+    out["accum"] = r0["accum"]
     out["steps_per_rank"] = [r["steps"] for r in recs]
     out["wait_frac"] = max(r["wait_s"] for r in recs) / max(1e-9, out["wall_s"])
     out["samples_per_s"] = out["samples"] / out["wall_s"]
@@ -169,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for m in spec["methods"]:
             try:
-                rec = run_method(m, spec, rank, world_size)
+                rec = run_method(m, spec, rank, world_size, accum=accum_for(m, spec, results["methods"], world_size))
                 err = None
             except workloads.MethodUnavailable as e:
                 rec, err = None, str(e)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from .data import ChatDataset, ImageChatDataset, LengthDataset, chat_pairs, collate_pad, get_tokenizer, sample_len
 from .nets import LMConfig, TinyLM, TinyVLM, VLMConfig, apply_lora, hf_tiny_lm
 
-__all__ = ["MethodUnavailable", "build_datasets", "val_batches", "build_net", "batch_source", "paper_lengths"]
+__all__ = ["MethodUnavailable", "build_datasets", "val_batches", "build_net", "batch_source", "paper_lengths", "fixed_batch_size"]
 
 
 class MethodUnavailable(RuntimeError):
@@ -112,10 +112,8 @@ class FixedBatches:
 
 def batch_source(method: str, ds, spec: dict, rank: int, world_size: int):
     """The per-rank batch source of `method`; raises MethodUnavailable if its code is missing."""
-    if method == "standard1":
-        return FixedBatches(ds, 1, spec, rank, world_size)
-    if method == "standardB":
-        return FixedBatches(ds, max(1, spec["budget"] // max_len_bound(spec)), spec, rank, world_size)
+    if method in ("standard1", "standard1_noacc", "standardB"):
+        return FixedBatches(ds, fixed_batch_size(method, spec), spec, rank, world_size)
     if method in ("gmt", "bmt"):
         from .methods import OfflineBatches
         return OfflineBatches(method, ds, spec, rank, world_size)
@@ -123,6 +121,16 @@ def batch_source(method: str, ds, spec: dict, rank: int, world_size: int):
         from .methods import ODBBatches
         return ODBBatches(method[4:], ds, spec, rank, world_size)
     raise ValueError(f"unknown method {method!r}")
+
+
+def fixed_batch_size(method: str, spec: dict) -> int:
+    """Per-rank micro-batch size of a fixed-batch method: 1 for Standard batch 1, budget // longest
+    possible sample for the memory-equivalent batch (never over the token budget)."""
+    if method in ("standard1", "standard1_noacc"):
+        return 1
+    if method == "standardB":
+        return max(1, spec["budget"] // max_len_bound(spec))
+    raise ValueError(f"{method!r} is not a fixed-batch method; valid: 'standard1', 'standard1_noacc', 'standardB'")
 
 
 def max_len_bound(spec: dict) -> int:

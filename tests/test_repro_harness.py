@@ -56,7 +56,7 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample(tmp_path):
 
     spec = _base(name="smoke", kind="text", num_train=16, num_val=8, cutoff=64, budget=128, epochs=1, window=8,
                  net={"dim": 16, "layers": 1, "heads": 2}, length_scale=1.0, timeout_s=30,
-                 methods=["standard1", "gmt", "odb_pad", "odb_join"])
+                 methods=["odb_pad", "odb_join", "gmt", "standard1", "standard1_noacc"])
     res = run_spec(spec, str(tmp_path), timeout_s=150)
     assert res["world_size"] == 2
     for m in spec["methods"]:
@@ -65,5 +65,51 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample(tmp_path):
         assert r["samples"] == r["expected_samples"] == 16, (m, r["samples"])
         assert all(math.isfinite(v) for _, v in r["val_loss"])
         assert r["samples_per_s"] > 0 and r["padded_tokens"] >= r["real_tokens"] > 0
+    # Standard's accumulation is matched to ODB pad's mean samples per optimizer step, measured first
+    ms = res["methods"]
+    want = max(1, round(ms["odb_pad"]["samples"] / ms["odb_pad"]["steps"] / 2))
+    assert ms["standard1"]["accum"] == want and ms["standard1_noacc"]["accum"] == 1
+    assert ms["standard1"]["micro_steps"] == ms["standard1_noacc"]["steps"] == 8  # 16 samples, batch 1, 2 ranks
+    assert ms["standard1"]["steps"] == -(-8 // want)  # the epoch's last group may be shorter
     # the same init and the same data: every method starts from the same validation loss
     assert len({round(res["methods"][m]["val_loss"][0][1], 6) for m in spec["methods"]}) == 1
+
+
+def test_accumulation_is_matched_to_the_reference_method_and_refuses_a_wrong_order():
+    from paper_repro.train import accum_for
+    from paper_repro.workloads import MethodUnavailable
+
+    spec = {"methods": ["odb_pad", "standard1", "standardB"], "accum_match": "odb_pad",
+            "accum_methods": ["standard1", "standardB"], "budget": 1024, "cutoff": 256, "kind": "text"}
+    done = {"odb_pad": {"samples": 300, "steps": 10}}  # 30 global samples per optimizer step
+    assert accum_for("standard1", spec, done, world_size=2) == 15
+    assert accum_for("standardB", spec, done, world_size=2) == 4  # batch 1024 // 256 = 4 per rank: 30 / 8
+    assert accum_for("gmt", spec, done, world_size=2) == 1  # not an accumulating method
+    assert accum_for("standard1", spec, {"odb_pad": {"samples": 3, "steps": 10}}, world_size=2) == 1  # never 0
+    with pytest.raises(ValueError, match="has not run"):
+        accum_for("standard1", spec, {}, world_size=2)
+    with pytest.raises(MethodUnavailable, match="unavailable"):
+        accum_for("standard1", spec, {"odb_pad": {"unavailable": "no odb"}}, world_size=2)
+
+
+def test_ordering_verdict_separates_pass_tie_and_misorder():
+    from paper_repro.report import _ordering
+
+    def rows(*gs):
+        return [{"odb_pad_vs_standard": g, "odb_pad_vs_standard_sd": sd} for g, sd in gs]
+
+    assert _ordering(rows((2.0, 0.05), (2.2, 0.05), (2.5, 0.1)))[1] == "PASS"
+    assert _ordering(rows((2.0, 0.05), (2.02, 0.05), (2.5, 0.1)))[1].startswith("MISS (tie")
+    assert _ordering(rows((2.0, 0.01), (1.9, 0.01), (2.5, 0.1)))[1] == "MISS (misordered)"
+
+
+def test_cluster_seeds_average_and_equal_mean_control_keeps_the_cv():
+    from paper_repro import cluster_runs as cr
+
+    one = [cr.run_one("ultrachat", 2, 16, 16, 12288, seed=s) for s in range(2)]
+    two = cr.run_seeds("ultrachat", 2, 16, 16, 12288, seeds=2)
+    assert two["odb_pad_vs_standard"] == pytest.approx((one[0]["odb_pad_vs_standard"] + one[1]["odb_pad_vs_standard"]) / 2)
+    assert two["odb_pad_vs_standard_all"] == [r["odb_pad_vs_standard"] for r in one]
+    ctl = cr.run_one("ultrachat", 2, 16, 16, 12288, seed=0, mean=500.0)
+    assert ctl["cv"] == pytest.approx(one[0]["cv"], abs=0.01)  # rescaling keeps the CV (rounding aside)
+    assert ctl["standard"]["samples"] == one[0]["standard"]["samples"] == 32
