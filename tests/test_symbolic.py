@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from models.properties import for_mode
-from odb.protocol.expr import Const, Field, Input, and_, eq
+from odb.protocol.expr import Const, Field, Input, Let, and_, eq, gt, not_
 from odb.protocol.table import DGAP, DONE, FILL, JOIN, PAD, QUOTA, Effect, Row
 from proofs.symbolic import BOUND_FORMULA, BOUND_STATEMENT, INVARIANT, prove_all
 from proofs.verdict import Verdict
@@ -38,25 +38,32 @@ def test_the_invariant_is_checked_conjunct_by_conjunct_for_every_transition(dgap
     for v in dgap_verdicts:
         if v.property == "inductive_invariant":
             n, t = v.extra["conjuncts"], v.extra["transitions"]
-            assert t == len(DGAP.rows) + 1
+            assert t == len(DGAP.rows) + 2   # every row, complete, quit
             assert v.extra["queries"] == n * (1 + t)   # Init => c, and Inv & T => c' for every T
-            assert n >= 25
+            assert n >= 30
 
 
 def test_non_vacuity_checks_every_transition_and_are_satisfiable(dgap_verdicts):
     for v in dgap_verdicts:
         if v.property == "non_vacuity":
-            # Init & Inv, every row and complete, and the deadlock query's hypotheses
-            assert v.result == "proved" and v.extra["queries"] == len(DGAP.rows) + 3
+            # Init & Inv, every row, complete and quit, and the deadlock query's hypotheses
+            assert v.result == "proved" and v.extra["queries"] == len(DGAP.rows) + 4
 
 
 def test_the_termination_verdict_states_its_bound(dgap_verdicts):
-    assert "sum_i (d_i + 1)" in BOUND_FORMULA and "W + 3" in BOUND_FORMULA
-    assert "lexicographic" in BOUND_STATEMENT
+    assert "sum_i (d_i + 1)" in BOUND_FORMULA and "W + 3" in BOUND_FORMULA and "+ R + N" in BOUND_FORMULA
+    assert "lexicographic" in BOUND_STATEMENT and "quit" in BOUND_STATEMENT
     for v in dgap_verdicts:
         if v.property == "bounded_termination":
             assert v.extra["bound"] == BOUND_FORMULA
             assert v.extra["queries"] >= 3 * len(DGAP.rows)
+            assert "quit lowers the stopped rank's quit budget" not in v.detail   # proved, so not listed
+
+
+def test_aborts_are_proved_in_every_mode(dgap_verdicts):
+    for name in MODE_NAME.values():
+        got = {v.property: v for v in dgap_verdicts if v.mode == name}
+        assert got["ranks_agree_on_abort"].result == "proved"
 
 
 # -- teeth: seeded bugs ---------------------------------------------------------------
@@ -93,7 +100,7 @@ def test_a_decision_that_reads_local_state_is_caught():
 
 
 def test_a_filler_that_is_never_counted_down_is_caught():
-    bad = DGAP.replace_row("emit_filler", updates=(("nb", Field("nb") + 1), ("k", Field("k") + 1)))
+    bad = DGAP.replace_row("emit_filler", updates=(("nb", Field("nb") + 1), ("kb", Field("kb") + 1)))
     assert any(not v.ok for v in prove_all(bad, modes=(PAD,)))
 
 
@@ -120,14 +127,60 @@ def test_a_row_that_can_never_fire_fails_non_vacuity():
     assert nv.result == "failed" and "see_exhausted" in nv.detail
 
 
+# -- teeth: seeded abort bugs ---------------------------------------------------------------
+def test_return_go_that_ignores_an_abort_is_caught():
+    """return_go reads only stop: after a stopping rank's header, a healthy rank may go on emitting
+    while the others return to DONE with ab (they no longer agree on the epoch's end)."""
+    bad = DGAP.replace_row("return_go", guard=and_(Input("ready"), not_(Let("stop"))))
+    for mode in (PAD, QUOTA):
+        verdicts = {v.property: v for v in prove_all(bad, modes=(mode,))}
+        inv = verdicts["inductive_invariant"]
+        assert inv.result == "failed" and "return_go =>" in inv.detail and "fires return_go" in inv.detail
+        assert verdicts["bounded_termination"].result == "unknown"   # gated: not a kill
+
+
+def test_a_stopping_rank_that_leaves_without_posting_is_caught():
+    """A rank told to stop goes DONE at once instead of posting its status: its peers would wait
+    in the round's collective forever."""
+    leave = Row("quit_silently", FILL, gt(Input("quit"), 0), Effect("none"), (), DONE,
+                "seeded bug: a stopping rank leaves without posting its status")
+    bad = replace(DGAP, rows=(leave,) + DGAP.rows)
+    for mode in (PAD, JOIN, QUOTA):
+        verdicts = {v.property: v for v in prove_all(bad, modes=(mode,))}
+        inv = verdicts["inductive_invariant"]
+        assert inv.result == "failed" and "quit_silently =>" in inv.detail
+
+
+def test_an_abort_that_forgets_its_flag_is_caught():
+    """return_abort goes DONE without ab: the ranks that aborted look like ranks that completed
+    the epoch, so nothing_left_at_end / quota_closure would be claimed for an aborted run."""
+    bad = DGAP.replace_row("return_abort", updates=(("rd", Field("rd") + 1),))
+    verdicts = {v.property: v for v in prove_all(bad, modes=(PAD,))}
+    assert verdicts["inductive_invariant"].result == "failed"
+    assert "return_abort => done_after_stop_or_abort" in verdicts["inductive_invariant"].detail
+
+
+def test_a_quit_that_never_reaches_the_header_is_caught():
+    """post_header posts st = 0 whatever the rank's status: a stopping rank's partial window goes
+    into a round as a healthy one (no abort; the peers go on, the stopping rank cannot fetch)."""
+    post = DGAP.row("post_header")
+    bad = DGAP.replace_row("post_header", effect=replace(post.effect, payload=(("n", Field("buf")), ("st", Const(0)))))
+    inv = next(v for v in prove_all(bad, modes=(PAD,)) if v.property == "inductive_invariant")
+    assert inv.result == "failed" and "post_header => wait_full_or_exhausted" in inv.detail
+
+
 @pytest.mark.parametrize("table,needle", [
     (DGAP.replace_row("end_round", updates=(("T", Const(True)),)), "sort"),
     (DGAP.replace_row("take_sample", guard=Input("no_such_input")), "no_such_input"),
     (DGAP.replace_row("end_round", updates=(("no_such_field", Const(0)),)), "no_such_field"),
     (DGAP.replace_row("post_header", effect=Effect("post", payload=(("m", Field("buf")),), shape=Const(1))),
      "header field 'n'"),
+    (DGAP.replace_row("post_header", effect=Effect("post", payload=(("n", Field("buf")),), shape=Const(1))),
+     "header field 'st'"),
     (replace(DGAP, aggregates=DGAP.aggregates[:2]), "aggregate"),
-], ids=["ill_sorted_update", "unknown_input", "unknown_field", "payload_without_n", "two_aggregates"])
+    (replace(DGAP, rows=DGAP.rows + (replace(DGAP.row("end_round"), name="quit"),)), "clash"),
+], ids=["ill_sorted_update", "unknown_input", "unknown_field", "payload_without_n", "payload_without_st",
+        "two_aggregates", "row_named_quit"])
 def test_an_unencodable_table_gives_a_failed_verdict_not_an_exception(table, needle):
     verdicts = prove_all(table, modes=(PAD, QUOTA))
     assert verdicts and all(not v.ok for v in verdicts)

@@ -3,10 +3,10 @@
 Legend
     N            a symbolic number of ranks, N >= 1; ``rank(j) := 0 <= j < N``
     per-rank     every table field and every per-rank environment field
-                 (`models.logic.RANK_ENV`: src, d, posted, pn, pshape) is a z3
+                 (`models.logic.RANK_ENV`: src, d, posted, pn, pshape, qt, pst) is a z3
                  function ``Int -> Int`` (``Int -> Bool`` for a bool field); see `Fn`
     globals      ``k`` (collectives completed) and the mailbox of the last
-                 completed collective: max_n, min_n, min_pos_n, proposal
+                 completed collective: max_st, max_n, min_n, min_pos_n, proposal
     cfg          one z3 constant per ``Table.cfg`` entry (``W >= 1``; ``mode``
                  fixed per proof); rigid: the same in the pre- and post-state
     R            a rigid symbol for the rounds bound, read as ``GV("R")`` by the
@@ -25,17 +25,22 @@ forgotten.  The environment effects are those of `models.env.Model`:
 
     fetch     ``src[i] -= 1`` iff the row read ``in.src_has`` (short-circuit
               evaluation, as `machine.fire` records it) and it was true
-    post      ``posted[i] = 1``, ``pn[i] = payload n``, ``pshape[i] = shape``
+    post      ``posted[i] = 1``, ``pn[i] = payload n``, ``pst[i] = payload st``,
+              ``pshape[i] = shape``
     complete  ``forall j. rank(j) => ph[j] = WAIT and rd[j] = k and posted[j] = 1
               and pshape[j] = s`` (one common shape ``s``); each aggregate is a
               parameter ``m`` with ``forall j. of(j) <= m`` (max; ``>=`` for min)
               and a witness rank ``w`` with ``of(w) = m``; the proposal is a
               parameter within the table's proposal bounds; ``k += 1``; the
               mailbox slots get the aggregates in table order then the proposal;
-              posted, pn and pshape become 0 everywhere.
+              posted, pn, pshape and pst become 0 everywhere (qt is kept).
+    quit      (`models.env.Model.quit_successors`, any number of ranks: the all-N
+              proofs allow every rank to stop) at a rank ``i`` with ``qt[i] = 0``
+              and ``ph[i] != DONE``: ``qt[i] = 1``, everything else framed.
 
-Inputs a guard reads: ``src_has = src[i] > 0``, ``ready = (k == rd[i] + 1)``, the
-collective inputs = the mailbox globals.
+Inputs a guard reads (`models.env.Model.inputs`): ``src_has = src[i] > 0``,
+``quit = qt[i]``, ``ready = (k == rd[i] + 1)``, the collective inputs = the
+mailbox globals.
 
 Anything the table asks for that the environment does not provide (an unknown
 input, field, header field or parameter, an ill-sorted update) raises
@@ -52,13 +57,15 @@ import z3
 
 from models.logic import GV, RF, Exists, Forall
 from odb.protocol.expr import Cfg, Expr, Field, Hdr, Input, Let, Op, Param, to_z3
-from odb.protocol.table import WAIT, Row, Table
+from odb.protocol.table import DONE, WAIT, Row, Table
 
-__all__ = ["EncodingError", "Encoder", "Sym", "Step", "ENV_ARRAYS", "MAILBOX", "GLOBALS"]
+__all__ = ["EncodingError", "Encoder", "Sym", "Step", "ENV_ARRAYS", "MAILBOX", "GLOBALS", "QUIT"]
 
-ENV_ARRAYS = ("src", "d", "posted", "pn", "pshape")
-MAILBOX = ("max_n", "min_n", "min_pos_n", "proposal")  # slot order of models.env.SysState.mb
+ENV_ARRAYS = ("src", "d", "posted", "pn", "pshape", "qt", "pst")
+MAILBOX = ("max_st", "max_n", "min_n", "min_pos_n", "proposal")  # slot order of models.env.SysState.mb
+HEADER = {"n": "pn", "st": "pst", "shape": "pshape"}  # header field -> the mailbox's per-rank copy
 GLOBALS = ("k",) + MAILBOX
+QUIT = "quit"  # the name of the environment's stop transition (models.env.Model.quit_successors)
 
 _fresh = itertools.count()
 
@@ -120,11 +127,12 @@ class Sym:
 class Step:
     """One symbolic transition: its enabling constraints, its post-state and its parameters."""
 
-    name: str                   # row name, or "complete"
-    rank: z3.ArithRef | None    # acting rank (None for complete)
+    name: str                   # row name, "complete" or "quit"
+    rank: z3.ArithRef | None    # acting rank (None for complete; the stopping rank for quit)
     guard: list                 # z3 Bool constraints on pre-state and parameters
     post: Sym
     params: dict[str, z3.ExprRef]
+    kind: str = "row"           # "row" (a table row), "complete" or "quit" (environment transitions)
 
 
 class Encoder:
@@ -144,9 +152,12 @@ class Encoder:
         clash = set(table.field_names) & set(ENV_ARRAYS)
         if clash:
             raise EncodingError(f"table fields {sorted(clash)} clash with the environment's per-rank fields")
-        if len(table.aggregates) != 3:
+        taken = {r.name for r in table.rows} & {"complete", QUIT}
+        if taken:
+            raise EncodingError(f"table rows {sorted(taken)} clash with the environment's transitions")
+        if len(table.aggregates) != len(MAILBOX) - 1:
             raise EncodingError(
-                f"the environment's mailbox has 3 aggregate slots {MAILBOX[:3]}; the table declares "
+                f"the environment's mailbox has {len(MAILBOX) - 1} aggregate slots {MAILBOX[:-1]}; the table declares "
                 f"{len(table.aggregates)} aggregates {[a.name for a in table.aggregates]}")
         self.kind = {f.name: f.kind for f in table.fields}
         self.background = [self.N >= 1, self.cfg["W"] >= 1]
@@ -187,11 +198,14 @@ class Encoder:
     def _input(self, s: Sym, i, name: str):
         if name == "src_has":
             return s.arr("src")[i] > 0
+        if name == "quit":
+            return s.arr("qt")[i]
         if name == "ready":
             return s.globals["k"] == s.arr("rd")[i] + 1
         if name in MAILBOX:
             return s.globals[name]
-        raise EncodingError(f"the environment provides no input {name!r}; inputs: ['src_has', 'ready', *{MAILBOX}]")
+        raise EncodingError(
+            f"the environment provides no input {name!r}; inputs: ['src_has', 'quit', 'ready', *{MAILBOX}]")
 
     def local_leaf(self, s: Sym, i, params: Mapping[str, z3.ExprRef]):
         def leaf(node: Expr):
@@ -267,11 +281,16 @@ class Encoder:
             arrays["src"] = src.store_if(z3.And(read, src[i] > 0), i, src[i] - 1)
         elif eff.kind == "post":
             payload = dict(eff.payload)
-            if "n" not in payload or eff.shape is None:
-                raise EncodingError(f"row {row.name}: a post must carry header field 'n' and a shape "
-                                    f"(payload {sorted(payload)}, shape {eff.shape!r})")
+            if "n" not in payload or "st" not in payload or eff.shape is None:
+                raise EncodingError(f"row {row.name}: a post must carry header field 'n', header field 'st' "
+                                    f"and a shape (payload {sorted(payload)}, shape {eff.shape!r}); "
+                                    f"models.env.Model stores exactly these")
             arrays["posted"] = s.arr("posted").store(i, z3.IntVal(1))
-            arrays["pn"] = s.arr("pn").store(i, self._z3(payload["n"], leaf))
+            for hf in ("n", "st"):
+                val = self._z3(payload[hf], leaf)
+                if val.sort() != z3.IntSort():
+                    raise EncodingError(f"row {row.name}: header field {hf!r} has sort {val.sort()}, not Int")
+                arrays[HEADER[hf]] = s.arr(HEADER[hf]).store(i, val)
             arrays["pshape"] = s.arr("pshape").store(i, self._z3(eff.shape, leaf))
         elif eff.kind not in ("none", "collect", "emit", "filler"):
             raise EncodingError(f"row {row.name}: unknown effect {eff.kind!r}")
@@ -280,11 +299,9 @@ class Encoder:
     def _hdr_leaf(self, s: Sym, j):
         def leaf(node: Expr):
             if isinstance(node, Hdr):
-                if node.name == "n":
-                    return s.arr("pn")[j]
-                if node.name == "shape":
-                    return s.arr("pshape")[j]
-                raise EncodingError(f"the mailbox holds header fields n and shape, not {node.name!r}")
+                if node.name in HEADER:
+                    return s.arr(HEADER[node.name])[j]
+                raise EncodingError(f"the mailbox holds header fields {sorted(HEADER)}, not {node.name!r}")
             if isinstance(node, Cfg):
                 return self._cfg(node.name)
             raise EncodingError(f"an aggregate can read only header fields and cfg, not {node!r}")
@@ -328,8 +345,16 @@ class Encoder:
         g.update(zip(MAILBOX, slots))
         arrays = dict(s.arrays)
         zero = Fn.const(z3.IntVal(0))
-        arrays.update(posted=zero, pn=zero, pshape=zero)
-        return Step("complete", None, guard, Sym(arrays, g), params)
+        arrays.update(posted=zero, pn=zero, pshape=zero, pst=zero)
+        return Step("complete", None, guard, Sym(arrays, g), params, kind="complete")
+
+    def quit_step(self, s: Sym, i) -> Step:
+        """The environment's ``quit`` transition at rank `i`: its local status turns 0 -> 1 before DONE."""
+        qt = s.arr("qt")
+        guard = [self.rank(i), qt[i] == 0, s.arr("ph")[i] != DONE]
+        arrays = dict(s.arrays)
+        arrays["qt"] = qt.store(i, z3.IntVal(1))
+        return Step(QUIT, i, guard, Sym(arrays, dict(s.globals)), {}, kind="quit")
 
     def _cfg_leaf(self):
         def leaf(node: Expr):
@@ -339,12 +364,13 @@ class Encoder:
         return leaf
 
     def steps(self, s: Sym, tag: str) -> list[Step]:
-        """Every transition from `s`: each row at a fresh rank, then complete."""
+        """Every transition from `s`: each row at a fresh rank, then complete, then quit."""
         out = []
         for row in self.table.rows:
             i = z3.Int(f"i.{row.name}@{tag}{self.tag}")
             out.append(self.local_step(row, s, i, f"{tag}"))
         out.append(self.complete_step(s, tag))
+        out.append(self.quit_step(s, z3.Int(f"i.{QUIT}@{tag}{self.tag}")))
         return out
 
     # -- enabledness (deadlock) ----------------------------------------------
@@ -378,7 +404,8 @@ class Encoder:
         leaf = self._cfg_leaf()
         body = [s.arr(f.name)[j] == self._z3(f.init, leaf) for f in self.table.fields]
         body += [s.arr("src")[j] == s.arr("d")[j], s.arr("d")[j] >= 0,
-                 s.arr("posted")[j] == 0, s.arr("pn")[j] == 0, s.arr("pshape")[j] == 0]
+                 s.arr("posted")[j] == 0, s.arr("pn")[j] == 0, s.arr("pshape")[j] == 0,
+                 s.arr("qt")[j] == 0, s.arr("pst")[j] == 0]
         return z3.And(z3.ForAll([j], z3.Implies(self.rank(j), z3.And(*body))),
                       *[s.globals[g] == 0 for g in GLOBALS])
 

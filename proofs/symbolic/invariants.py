@@ -12,9 +12,19 @@ Extra symbol: ``GV("R")`` is the rounds bound, a rigid symbol constrained by
 (quota).  A conjunct that holds for every such R holds for the smallest one,
 R = max_i d_i + 1 (pad, join) or min_i d_i + 1 (quota).
 
-Names used below: `TGT` and `STOP` restate the table's decision over the
-mailbox of the last completed collective (an auxiliary fact the invariant
-carries about the rounds; the transitions themselves always come from the table).
+Names used below: `TGT`, `STOP`, `ABORT` and `GO` restate the table's decision
+over the mailbox of the last completed collective (an auxiliary fact the
+invariant carries about the rounds; the transitions themselves always come from
+the table).
+
+Aborts: the environment may turn any rank's status ``qt`` from 0 to 1 before it
+is DONE (any number of ranks, any time).  A stopping rank posts ``st = qt``; the
+round's collective then has ``max_st > 0`` (ABORT) and every rank returns to DONE
+with ``ab``.  The invariant carries: ``qt`` and the posted/mailbox status are 0
+or 1; a go round's headers were all healthy, so the windows of the go round were
+full or exhausted exactly as without aborts; after an ABORT nobody is in FILL,
+EMIT or posted (so no further collective); ``ab`` only at DONE and equal to
+ABORT there.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from odb.protocol.expr import (
 from odb.protocol.table import DONE, EMIT, FILL, JOIN, PAD, QUOTA, WAIT
 
 __all__ = ["Conjunct", "INVARIANT", "for_mode", "MEASURE", "FETCH_BUDGET", "ROUND_INDEX", "ROUND_BUDGET",
-           "TGT", "STOP", "NEVER_FIRES", "rounds_bound_value"]
+           "QUIT_BUDGET", "TGT", "STOP", "ABORT", "GO", "NEVER_FIRES", "rounds_bound_value"]
 
 ALL = (PAD, JOIN, QUOTA)
 
@@ -54,12 +64,16 @@ def every(body: Expr, i: str = "i") -> Forall:
 
 
 W, K, MODE, R = GV("W"), GV("k"), GV("mode"), GV("R")
-MAX_N, MIN_N, MIN_POS_N, PROPOSAL = GV("max_n"), GV("min_n"), GV("min_pos_n"), GV("proposal")
+MAX_ST, MAX_N, MIN_N, MIN_POS_N, PROPOSAL = GV("max_st"), GV("max_n"), GV("min_n"), GV("min_pos_n"), GV("proposal")
 HI = ite(eq(MODE, PAD), MAX_N, ite(eq(MODE, JOIN), MIN_POS_N, MIN_N))
 TGT = mx(Const(1), mn(PROPOSAL, HI))
 """The target every rank decided in the last completed collective."""
 STOP = ite(eq(MODE, QUOTA), eq(MIN_N, 0), eq(MAX_N, 0))
-"""The last completed collective said stop."""
+"""The last completed collective's stop condition (it sends ranks to DONE unless ABORT does first)."""
+ABORT = gt(MAX_ST, 0)
+"""The last completed collective carried a non-zero status: every rank returns with ``ab``."""
+GO = and_(not_(ABORT), not_(STOP))
+"""The last completed collective said go (return_go)."""
 
 
 def posted(i: str = "i") -> Expr:
@@ -77,7 +91,7 @@ def drained(i: str = "i") -> Expr:
 
 def base(i: str) -> Expr:
     """Batches of rank i in the rounds every rank has finished emitting (pad, quota)."""
-    in_round = ite(at(EMIT, i), f("k", i), Const(0))
+    in_round = ite(at(EMIT, i), f("kb", i), Const(0))
     last = ite(and_(or_(at(FILL, i), posted(i)), ge(K, 1)), TGT, Const(0))
     return f("nb", i) - in_round - last
 
@@ -100,24 +114,39 @@ INVARIANT: tuple[Conjunct, ...] = (
     Conjunct("posted_header", every(implies(eq(f("posted"), 1), and_(
         eq(f("pn"), f("buf")), eq(f("pshape"), GV("header_len"))))),
         "a header in the mailbox is the rank's window, in the fixed shape"),
-    Conjunct("wait_full_or_exhausted", every(implies(at(WAIT), or_(eq(f("buf"), W), f("x")))),
-             "a rank posts only a full window or once its source is exhausted"),
+    Conjunct("status_domain", every(and_(
+        or_(eq(f("qt"), 0), eq(f("qt"), 1)), ge(f("pst"), 0), le(f("pst"), f("qt")),
+        implies(eq(f("posted"), 0), eq(f("pst"), 0)))),
+        "the stop status is 0 or 1 and never reverts; a posted status is 0 or the rank's own 1"),
+    Conjunct("wait_full_or_exhausted", every(implies(at(WAIT), and_(
+        implies(eq(f("posted"), 1), or_(eq(f("buf"), W), f("x"), gt(f("pst"), 0))),
+        implies(and_(eq(f("posted"), 0), not_(ABORT)), or_(eq(f("buf"), W), f("x")))))),
+        "a rank posts a full window, an exhausted one, or a stop; a round without a stop had only "
+        "full or exhausted windows"),
     # -- the decision ---------------------------------------------------------
     Conjunct("mailbox_proposal", implies(ge(K, 1), and_(ge(PROPOSAL, 1), le(PROPOSAL, W))),
              "the last proposal is within the table's bounds"),
     Conjunct("mailbox_aggregates", implies(ge(K, 1), and_(ge(MIN_N, 0), le(MIN_N, MAX_N))),
              "the last aggregates come from real windows (never negative)"),
+    Conjunct("mailbox_status", and_(ge(MAX_ST, 0), le(MAX_ST, 1), implies(eq(K, 0), eq(MAX_ST, 0))),
+             "the last collective's status is 0 or 1 (0 before the first collective)"),
+    Conjunct("abort_has_a_cause", implies(ABORT, Exists("j", eq(f("qt", "j"), 1))),
+             "an abort was posted by a rank that was told to stop"),
     Conjunct("pending_in_mailbox", every(implies(pending(), and_(
         le(MIN_N, f("buf")), le(f("buf"), MAX_N), implies(gt(f("buf"), 0), le(MIN_POS_N, f("buf")))))),
         "a rank that has not returned holds the window it posted, so the aggregates bound it"),
-    Conjunct("emit_target", every(implies(at(EMIT), and_(eq(f("T"), TGT), not_(STOP)))),
+    Conjunct("emit_target", every(implies(at(EMIT), and_(eq(f("T"), TGT), GO))),
              "an emitting rank works to the decided target of the last collective"),
-    Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)), not_(STOP))),
-             "a rank past the last collective into a new round saw a go"),
-    Conjunct("done_after_stop", every(implies(at(DONE), STOP)), "a finished rank saw a stop"),
+    Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)), GO)),
+             "a rank past the last collective into a new round saw a go (so after an abort every "
+             "rank is DONE or about to return: no further collective)"),
+    Conjunct("done_after_stop_or_abort", every(implies(at(DONE), ite(f("ab"), ABORT, and_(not_(ABORT), STOP)))),
+             "a finished rank saw an abort (and has ab) or a stop without abort (and has not)"),
+    Conjunct("abort_flag_only_at_done", every(implies(not_(at(DONE)), not_(f("ab")))),
+             "ab is set only by the return to DONE"),
     # -- a round's batches ----------------------------------------------------
     Conjunct("emit_counts", every(implies(at(EMIT), and_(
-        ge(f("nreal"), 0), ge(f("nfill"), 0), ge(f("k"), 0), le(f("nreal"), f("pend")),
+        ge(f("nreal"), 0), ge(f("nfill"), 0), ge(f("kb"), 0), le(f("nreal"), f("pend")),
         implies(eq(f("nreal"), 0), eq(f("pend"), 0)), le(f("T"), W)))),
         "pending samples fill the remaining real batches; T <= W"),
     Conjunct("idle_counts", every(implies(not_(at(EMIT)), and_(
@@ -125,11 +154,11 @@ INVARIANT: tuple[Conjunct, ...] = (
         "outside EMIT nothing is owed"),
     Conjunct("no_fillers_unless_pad", implies(ne(MODE, PAD), every(eq(f("nfill"), 0))),
              "join and quota never owe fillers"),
-    Conjunct("emit_sum", every(implies(at(EMIT), eq(f("k") + f("nreal") + f("nfill"), f("T")))),
+    Conjunct("emit_sum", every(implies(at(EMIT), eq(f("kb") + f("nreal") + f("nfill"), f("T")))),
              "pad, quota: the round's batches add up to T", modes=(PAD, QUOTA)),
     Conjunct("emit_sum_join", every(implies(at(EMIT), or_(
-        eq(f("k") + f("nreal") + f("nfill"), f("T")),
-        and_(eq(f("k"), 0), eq(f("nreal"), 0), eq(f("nfill"), 0), eq(f("buf"), 0))))),
+        eq(f("kb") + f("nreal") + f("nfill"), f("T")),
+        and_(eq(f("kb"), 0), eq(f("nreal"), 0), eq(f("nfill"), 0), eq(f("buf"), 0))))),
         "join: T batches, or none from an empty window", modes=(JOIN,)),
     Conjunct("equal_base", Forall("i", Forall("j", eq(base("i"), base("j")))),
              "pad, quota: every rank has emitted the same batches in every finished round",
@@ -142,10 +171,11 @@ INVARIANT: tuple[Conjunct, ...] = (
     Conjunct("accounting", every(eq(f("em") + f("buf") + f("src"), f("d"))), "emitted + held + left = shard"),
     Conjunct("samples_per_batch", implies(ne(MODE, PAD), every(ge(f("em"), f("nb")))),
              "join, quota: every batch is real and holds a sample"),
-    Conjunct("done_drained", every(implies(at(DONE), drained())),
-             "pad, join: a finished rank holds nothing and its source is empty", modes=(PAD, JOIN)),
-    Conjunct("quota_stop_witness", implies(and_(ge(K, 1), eq(MIN_N, 0)), Exists("j", drained("j"))),
-             "quota: a stop was caused by a drained rank", modes=(QUOTA,)),
+    Conjunct("done_drained", every(implies(and_(at(DONE), not_(f("ab"))), drained())),
+             "pad, join: a rank that finished without an abort holds nothing and its source is empty",
+             modes=(PAD, JOIN)),
+    Conjunct("quota_stop_witness", implies(and_(ge(K, 1), eq(MIN_N, 0), not_(ABORT)), Exists("j", drained("j"))),
+             "quota: a stop without an abort was caused by a drained rank", modes=(QUOTA,)),
     # -- progress (rounds bound) ------------------------------------------------
     Conjunct("progress_between_rounds", every(implies(or_(at(FILL), at(WAIT)),
                                                       or_(drained(), ge(f("em"), f("rd"))))),
@@ -153,7 +183,7 @@ INVARIANT: tuple[Conjunct, ...] = (
     Conjunct("progress_in_round", every(implies(at(EMIT), or_(
         and_(drained(), eq(f("pend"), 0)), ge(f("em") + f("pend"), f("rd"))))),
         "a rank with data emits at least one sample in every go round"),
-    Conjunct("rounds_bounded", and_(le(K, R), implies(and_(ge(K, 1), not_(STOP)), le(K + 1, R))),
+    Conjunct("rounds_bounded", and_(le(K, R), implies(and_(ge(K, 1), GO), le(K + 1, R))),
              "at most R collectives; a go at collective k leaves room for one more"),
 )
 
@@ -169,7 +199,10 @@ MEASURE: tuple[tuple[str, Expr], ...] = (
     ("in_phase", ite(at(FILL), (W - f("buf")) + ite(f("x"), Const(0), Const(1)),
                      ite(at(EMIT), f("nreal") + f("nfill"), Const(0)))),
 )
-"""Lexicographic measure of rank i: every local row at i decreases it, complete leaves it."""
+"""Lexicographic measure of rank i: every local row at i decreases it, complete and quit leave it."""
+
+QUIT_BUDGET = Const(1) - f("qt")
+"""Quit transitions rank i can still undergo: 1 at Init, lowered by its quit, untouched otherwise."""
 
 FETCH_BUDGET = f("src") + ite(f("x"), Const(0), Const(1))
 """Fetches rank i can still make: each fetch row lowers it by one; d_i + 1 initially."""

@@ -9,16 +9,20 @@ Obligations (``Inv`` is the conjunction of `invariants.for_mode(mode)`,
 ``Ax`` the rounds-bound axiom on the rigid symbol R):
 
     inductive_invariant  Init & Ax => c, and Inv & Ax & T => c' for every
-                         transition T (each row at a symbolic rank, and complete)
+                         transition T (each row at a symbolic rank, complete, and
+                         the environment's quit at a symbolic rank)
                          and every conjunct c; a failure names the transition and
                          the conjunct and prints a CTI as a two-state table
     <property>           Inv => P for every ``always`` property of the mode
     deadlock_free        Inv & (some rank not DONE) & (no row enabled at any rank,
                          whatever choice) & (complete has no successor) is unsat
+                         (quit is not counted as progress: the system must move
+                         without the environment stopping anyone)
     bounded_termination  per-rank lexicographic measure `invariants.MEASURE`:
                          every row at i decreases mu_i (all components >= 0) and
                          leaves mu_j, j != i; complete leaves every mu and raises
-                         k <= R.  Budgets: every fetch row lowers `FETCH_BUDGET`
+                         k <= R; quit at i leaves every mu and budget and lowers
+                         `QUIT_BUDGET` (1 - qt_i, 1 at Init).  Budgets: every fetch row lowers `FETCH_BUDGET`
                          (d_i + 1 at Init) and every other row lowers
                          `ROUND_BUDGET` (<= W + 3) within a round or moves to the
                          next round index (`ROUND_INDEX`, always in [0, R - 1]).
@@ -52,12 +56,16 @@ SCOPE = "all N>=1, all W>=1, all d_i>=0"
 DEFAULT_TIMEOUT_MS = 10_000
 MODE_NAMES = {v: k for k, v in MODES.items()}
 
-BOUND_FORMULA = ("transitions <= sum_i (d_i + 1) + N*R*(W + 3) + R, "
-                 "R = max_i d_i + 1 (pad, join), R = min_i d_i + 1 (quota)")
+BOUND_FORMULA = ("transitions <= sum_i (d_i + 1) + N*R*(W + 3) + R + N, "
+                 "R = max_i d_i + 1 (pad, join), R = min_i d_i + 1 (quota); "
+                 "the last N counts the environment's quit transitions (at most one per rank), "
+                 "without quits the bound is sum_i (d_i + 1) + N*R*(W + 3) + R")
 BOUND_STATEMENT = (
     "For every N >= 1, W >= 1 and shard sizes d_i >= 0, every run of the composed system (table + "
-    "environment, any interleaving, any policy choices within the table's bounds) is finite; it has "
-    "at most R collectives (k <= R is inductive; R as above), rank i fires at most d_i + 1 fetch rows "
+    "environment, any interleaving, any policy choices within the table's bounds, any ranks told to "
+    "stop at any time) is finite; it has "
+    "at most R collectives (k <= R is inductive; R as above; an abort only ends the run sooner), "
+    "at most one quit per rank (QUIT_BUDGET = 1 - qt_i), rank i fires at most d_i + 1 fetch rows "
     "(FETCH_BUDGET starts at d_i + 1, never negative, lowered by each fetch, untouched otherwise) and "
     "at most W + 3 other rows per round index, round indices lying in [0, R - 1] "
     "(ROUND_BUDGET <= W + 3 at a round's start, >= 0, lowered by each non-fetch row except the one "
@@ -159,7 +167,8 @@ def _two_state(ctx: _Ctx, model: z3.ModelRef, pre: Sym, post: Sym | None, step: 
     cfg = ", ".join(f"{c}={_val(model, t)}" for c, t in enc.cfg.items())
     head = f"  N={n}, {cfg}, R={_val(model, enc.R)}"
     if step is not None:
-        who = "env" if step.rank is None else f"rank {_val(model, step.rank)}"
+        who = ("env" if step.rank is None else
+               f"env stops rank {_val(model, step.rank)}:" if step.kind == "quit" else f"rank {_val(model, step.rank)}")
         ps = ", ".join(f"{k}={_val(model, v)}" for k, v in step.params.items())
         head += f"; {who} fires {step.name}({ps})"
     lines = [head]
@@ -248,6 +257,7 @@ def _measures(ctx: _Ctx, st: Sym, j) -> dict[str, z3.ExprRef]:
     out["fetch_budget"] = f(inv_mod.FETCH_BUDGET)
     out["round_index"] = f(inv_mod.ROUND_INDEX)
     out["round_budget"] = f(inv_mod.ROUND_BUDGET)
+    out["quit_budget"] = f(inv_mod.QUIT_BUDGET)
     return out
 
 
@@ -267,14 +277,15 @@ def _termination(ctx: _Ctx) -> _Outcome:
     mq = _measures(ctx, s, q)
     ranges = z3.And(*[mq[n] >= 0 for n in lex], mq["fetch_budget"] >= 0,
                     mq["round_index"] >= 0, mq["round_index"] <= enc.R - 1,
-                    mq["round_budget"] >= 0, mq["round_budget"] <= W + 3)
+                    mq["round_budget"] >= 0, mq["round_budget"] <= W + 3,
+                    mq["quit_budget"] >= 0, mq["quit_budget"] <= 1)
     sv = ctx.solver(*ctx.inv, enc.rank(q))
     _run(sv, out, "Inv => measures and budgets in range", "unsat", z3.Not(ranges),
          lambda m: _two_state(ctx, m, s, None, None))
     sv = ctx.solver(enc.init(s), enc.rank(q))
-    _run(sv, out, "Init => fetch budget d_i + 1, round index 0, round budget <= W + 3", "unsat",
+    _run(sv, out, "Init => fetch budget d_i + 1, round index 0, round budget <= W + 3, quit budget 1", "unsat",
          z3.Not(z3.And(mq["fetch_budget"] == s.arr("d")[q] + 1, mq["round_index"] == 0,
-                       mq["round_budget"] <= W + 3)),
+                       mq["round_budget"] <= W + 3, mq["quit_budget"] == 1)),
          lambda m: _two_state(ctx, m, s, None, None))
     for st in ctx.steps:
         sv = ctx.solver(*ctx.inv, *st.guard)
@@ -282,6 +293,16 @@ def _termination(ctx: _Ctx) -> _Outcome:
         j = enc.fresh("j")
         mb, ma = _measures(ctx, s, j), _measures(ctx, st.post, j)
         same_j = z3.And(*[ma[n] == mb[n] for n in mb])
+        if st.kind == "quit":
+            i = st.rank
+            b, a = _measures(ctx, s, i), _measures(ctx, st.post, i)
+            _run(sv, out, "quit lowers the stopped rank's quit budget and leaves its other measures", "unsat",
+                 z3.Not(z3.And(a["quit_budget"] == b["quit_budget"] - 1,
+                               *[a[n] == b[n] for n in b if n != "quit_budget"])), explain)
+            _run(sv, out, "quit leaves every other rank's measures", "unsat",
+                 z3.Not(z3.ForAll([j], z3.Implies(z3.And(enc.rank(j), j != i), same_j))), explain)
+            _run(sv, out, "quit leaves k", "unsat", st.post.globals["k"] != s.globals["k"], explain)
+            continue
         if st.rank is None:
             _run(sv, out, "complete leaves every rank's measures", "unsat",
                  z3.Not(z3.ForAll([j], z3.Implies(enc.rank(j), same_j))), explain)
@@ -296,11 +317,11 @@ def _termination(ctx: _Ctx) -> _Outcome:
         _run(sv, out, f"{st.name} leaves every other rank's measures", "unsat",
              z3.Not(z3.ForAll([j], z3.Implies(z3.And(enc.rank(j), j != i), same_j))), explain)
         if ctx.table.row(st.name).effect.kind == "fetch":
-            budget = z3.And(a["fetch_budget"] <= b["fetch_budget"] - 1,
+            budget = z3.And(a["fetch_budget"] <= b["fetch_budget"] - 1, a["quit_budget"] == b["quit_budget"],
                             a["round_index"] == b["round_index"], a["round_budget"] == b["round_budget"])
             what = f"{st.name} (a fetch) spends the fetch budget only"
         else:
-            budget = z3.And(a["fetch_budget"] == b["fetch_budget"], z3.Or(
+            budget = z3.And(a["fetch_budget"] == b["fetch_budget"], a["quit_budget"] == b["quit_budget"], z3.Or(
                 z3.And(a["round_index"] == b["round_index"], a["round_budget"] <= b["round_budget"] - 1),
                 z3.And(a["round_index"] == b["round_index"] + 1, b["round_budget"] >= 1,
                        a["round_budget"] <= W + 3)))
