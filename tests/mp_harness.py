@@ -175,7 +175,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     spec keys: lengths (list), shards (per-rank index lists; default: loader's own
     shard), budget, W, mode, iterable, workers, drop, raise_at, no_len, collate
     ("id" | "bad" | "list"), break_at (step), break_rank (default: every rank), die_at (step) with
-    die_rank, epochs, trace_dir,
+    die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
     oversize, timeout_s, state (a state_dict to load), save_at (step: return a
     state_dict taken after that step and stop).
     """
@@ -210,6 +210,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
                           "ll": info.local_label_tokens, "epoch": epoch})
             if spec.get("die_at") == k and rank == spec.get("die_rank", 0):
                 os._exit(3)
+            if spec.get("stall_at") == k and rank == spec.get("stall_rank", 0):
+                time.sleep(spec["stall_s"])
             if spec.get("save_at") == k:
                 out["state"] = loader.state_dict()
                 break

@@ -132,6 +132,16 @@ def test_a_dead_rank_makes_the_others_raise_rank_failure_within_the_timeout(tmp_
     conform(tmp_path, allow_abort=True, died={0})
 
 
+def test_a_stalled_rank_makes_the_others_raise_rank_failure_within_the_timeout(tmp_path):
+    # Slow by design (about 6 s): rank 0's consumer sleeps 6 s, longer than timeout_s=2; its engine fills
+    # its queue and stops posting, so rank 1's header collective times out (the gloo timeout path).
+    res = run(tmp_path, 2, W=2, stall_at=0, stall_rank=0, stall_s=6, timeout_s=2, proc_timeout=40)
+    assert res[1].error_type == "RankFailure", (res[1].status, res[1].error)
+    assert "did not complete within timeout_s=2" in res[1].error and res[1].seconds < 5.5
+    assert res[0].error_type == "RankFailure", (res[0].status, res[0].error)  # its peer is gone when it wakes
+    conform(tmp_path, allow_abort=True)
+
+
 def test_one_rank_breaking_early_is_not_hidden_from_the_others(tmp_path):
     res = run(tmp_path, 2, W=4, break_at=1, break_rank=0)
     assert sorted(r.status for r in res) == ["error", "ok"], [(r.status, r.error) for r in res]
