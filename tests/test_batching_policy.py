@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from odb.batching import AlignmentPolicy, call_partition, check_partition, default_policy, make_cost_model, pack
-from odb.batching.policy import NUM_BUCKETS, SUMMARY_TAG, fill_bucket
+from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, fill_bucket
 from odb.errors import ProtocolError
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
@@ -85,7 +85,20 @@ def test_every_rank_computes_the_same_profile_and_can_fill_every_slot(sums, targ
     assert len(p) <= target and p == sorted(p)  # costliest bucket first
     for s in summaries:
         if s[1] > 0:  # every rank with data holds at least as many groups of each bucket
-            assert all(p.count(b) <= s[5 + b] for b in set(p))
+            assert all(p.count(b) <= s[5 + b] for b in set(p) if b >= OVER)
+            assert p.count(0) <= sum(s[5:5 + OVER])  # over-budget slots: matched by count
+            assert not any(0 < b < OVER for b in p)
+
+
+def test_over_budget_samples_are_emitted_together_once_every_rank_holds_one():
+    cost = _cost("padded", 1000)
+    ws = [[(2900,), (500,), (500,), (300,)], [(1200,), (1500,), (400,), (400,), (100,)]]
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
+    t = pols[0].propose(summaries, 8)
+    assert pols[0].profile(summaries, t) == [0] and t == 1  # 1.0 and 0.8 do not match: carried
+    firsts = [p.partition(w, t, t, cost, summaries=summaries)[0] for p, w in zip(pols, ws)]
+    assert firsts == [[0], [1]]  # each rank's costliest over-budget sample in the first slot
 
 
 def test_propose_rejects_a_summary_from_another_policy():

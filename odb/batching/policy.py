@@ -67,13 +67,14 @@ from ..errors import ProtocolError
 from .base import CostModel, Sizes
 from .grouping import Group, pack
 
-__all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "fill_bucket"]
+__all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "OVER", "fill_bucket"]
 
 SUMMARY_TAG = 0x0DB2  # identifies this policy's summary layout (version 2: fill histogram)
 # Bucket upper edges in 1/1000 of the budget, costliest first: over budget in 6 steps (a lone
 # over-budget sample may cost up to several budgets), then widths of 0.025 down to 0.5, then the rest.
 _EDGES = (10**9, 3000, 2000, 1500, 1250, 1100) + tuple(range(1000, 475, -25))
 NUM_BUCKETS = len(_EDGES)
+OVER = 6  # buckets 0 .. OVER-1 hold lone over-budget samples; the profile matches them by count
 _HEAD = 5  # [tag, n, exhausted, closed groups, all groups], then the fill histogram
 
 
@@ -137,11 +138,14 @@ class BalancedPolicy:
         out: list[int] = []
         if not live:
             return out
-        for b in range(NUM_BUCKETS):
-            out += [b] * min(s[_HEAD + b] for s in live)
+        # over budget: slots every rank can fill with one of its lone over-budget samples (each
+        # rank takes its costliest ones, so these slots align by cost rank, not by bucket)
+        out += [0] * min(sum(s[_HEAD:_HEAD + OVER]) for s in live)
+        for b in range(OVER, NUM_BUCKETS):
             if len(out) >= target:
-                return out[:target]
-        return out
+                break
+            out += [b] * min(s[_HEAD + b] for s in live)
+        return out[:target]
 
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
@@ -203,6 +207,8 @@ class BalancedPolicy:
             by_bucket[fill_bucket(closed[k].fill)].append(k)
         taken: list[int] = []
         for b in self.profile(summaries, max(target, real))[:real]:
+            if b == 0:  # an over-budget slot: this rank's costliest over-budget sample
+                b = next((o for o in range(OVER) if by_bucket[o]), 0)
             if by_bucket[b]:
                 taken.append(by_bucket[b].pop(0))
         # the slots the profile leaves open: fullest within budget first; a lone over-budget
