@@ -1,7 +1,10 @@
 """Scopes the engines explore (exhaustive, small) and the z3 configuration.
 
-A scope is (N ranks, D max samples per shard, W window, modes).  Data vectors
-are enumerated as multisets (rank symmetry).  Numbers here are stated in the
+A scope is (N ranks, D max samples per shard, W window, modes, Q quits).  Data
+vectors are enumerated as multisets (rank symmetry).  ``quits`` is how many
+ranks may stop (`models.env.Model(quits=...)`) in one run: the environment's
+``quit`` may then fire at any time before a rank is DONE, which multiplies the
+state space, so the quit scopes are smaller.  Numbers here are stated in the
 report next to every verdict.
 """
 
@@ -14,17 +17,45 @@ __all__ = ["Scope", "CI_SCOPES", "DEEP_SCOPES"]
 
 @dataclass(frozen=True)
 class Scope:
+    """One exhaustive scope: every N in 1..n_max, every data vector in 0..d_max.
+
+    :param confluence_n_max: the largest N of the confluence runs (None: n_max);
+        confluence is checked only when ``quits == 0`` (a quit is an environment
+        choice, not a policy choice, so it may change the outcome).
+    :param witnesses: False for a scope too small for some ``sometimes`` witness
+        (e.g. D <= 1 < W holds no carry): its witnesses are not checked there;
+        `proofs.report` still requires every witness to be found in some scope.
+    """
+
     n_max: int
     d_max: int
     w: int
     modes: tuple[int, ...] = (0, 1, 2)
+    quits: int = 0
+    confluence_n_max: int | None = None
+    witnesses: bool = True
 
     def __str__(self) -> str:
-        return f"N<={self.n_max}, D<={self.d_max}, W={self.w}"
+        return f"N<={self.n_max}, D<={self.d_max}, W={self.w}" + (f", quits<={self.quits}" if self.quits else "")
 
 
-# Tuned by the explicit engine to fit `make verify` (< 60 s on 2 cores); see proofs/REPORT.md.
-CI_SCOPES = (Scope(n_max=6, d_max=2, w=2), Scope(n_max=3, d_max=3, w=2))
-# N=7 at D<=2, W=2 is about 2.4M canonical states per mode (pad); N=8 (~10M) does not fit a 2-core,
-# shared 24 GiB machine with the dict-based engine in reasonable time, see proofs/REPORT.md.
-DEEP_SCOPES = (Scope(n_max=7, d_max=2, w=2), Scope(n_max=4, d_max=3, w=2), Scope(n_max=5, d_max=3, w=1))
+# Sized by the explicit engine to fit `make verify` (about a minute on 2 cores); figures in proofs/REPORT.md.
+#   N<=6 without quits: the headline scope (every interleaving and choice of 6 ranks);
+#   N<=8 at D<=1: more ranks, fewer samples (cheap: the rounds are short);
+#   quits: aborts at every point of a run, including a quit in the same round as another rank's;
+#   D > W: a full window with data left (kills the fetch-guard mutant).
+CI_SCOPES = (
+    Scope(n_max=6, d_max=2, w=2, confluence_n_max=4),
+    Scope(n_max=8, d_max=1, w=2, confluence_n_max=5, witnesses=False),
+    Scope(n_max=4, d_max=2, w=2, quits=1),
+    Scope(n_max=3, d_max=2, w=2, quits=2),
+    Scope(n_max=3, d_max=3, w=2),
+)
+# `make verify-deep` (minutes, on top of CI_SCOPES): N<=10 at D<=1, N<=7 at D<=2, quits at N<=8 (D<=1) and
+# N<=5 (D<=2).  N=8 at D<=2 (~10M canonical states per mode) does not fit a shared 24 GiB machine.
+DEEP_SCOPES = (
+    Scope(n_max=10, d_max=1, w=2, confluence_n_max=6, witnesses=False),
+    Scope(n_max=8, d_max=1, w=2, quits=1, witnesses=False),
+    Scope(n_max=7, d_max=2, w=2, confluence_n_max=4),
+    Scope(n_max=5, d_max=2, w=2, quits=1),
+)

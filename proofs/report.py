@@ -7,6 +7,12 @@ Legend
               be imported the report carries a failing ``symbolic_engine``
               verdict (missing is a failure, never a pass)
     mutant    a seeded table bug (`proofs.mutants`); a surviving mutant fails the run
+    witness   every ``sometimes`` property of every mode must be found by the
+              explicit engine in some scope (`every_witness_found`): the quit
+              witnesses are checked only in the quit scopes
+    deep      ``--deep`` adds `DEEP_SCOPES`; its figures are kept in report.json
+              (``deep_summary``) and carried into later non-deep reports while
+              the table hash is unchanged
 
 `run_all` fans the independent jobs (one per scope and mode, the engine
 self-checks, the mutants, the z3 proofs) out over worker processes; every job is
@@ -53,6 +59,7 @@ class Report:
     counterexamples: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     deep: bool = False
+    deep_summary: dict | None = None
 
     @property
     def failures(self) -> list[str]:
@@ -72,19 +79,19 @@ class Report:
                 "scopes": self.scopes, "deep": self.deep, "ok": self.ok, "failures": self.failures,
                 "seconds": round(self.seconds, 2), "verdicts": [v.to_json() for v in self.verdicts],
                 "runs": self.runs, "worst_case": self.worst_case, "mutants": self.mutants,
-                "counterexamples": [list(c) for c in self.counterexamples]}
+                "counterexamples": [list(c) for c in self.counterexamples], "deep_summary": self.deep_summary}
 
 
 # -- jobs (module level so that worker processes can run them) --------------------------
 def _job_scope(scope: Scope, mode: int) -> tuple:
     from .explicit.check import check_scope
     r = check_scope(replace(scope, modes=(mode,)))
-    return r.verdicts, r.runs, r.worst_case, r.counterexamples
+    return r.verdicts, [{**x, "scope": str(scope)} for x in r.runs], r.worst_case, r.counterexamples
 
 
-def _job_selfcheck() -> tuple:
+def _job_selfcheck(mode: int) -> tuple:
     from .explicit.selfcheck import selfcheck_verdicts
-    return selfcheck_verdicts(), [], [], []
+    return selfcheck_verdicts(modes=(mode,)), [], [], []
 
 
 def _job_symbolic() -> tuple:
@@ -98,9 +105,22 @@ def _job_symbolic() -> tuple:
     return prove_all(DGAP), [], [], []
 
 
-def _job_mutants(symbolic: bool) -> tuple:
-    from .mutants import check_all
-    return [], [], [], [r.to_json() for r in check_all(symbolic=symbolic)]
+def _job_mutants(symbolic: bool, names: tuple[str, ...]) -> tuple:
+    from .mutants import by_name, check_mutant
+    return [], [], [], [check_mutant(by_name(n), symbolic=symbolic).to_json() for n in names]
+
+
+def _witness_verdict(verdicts: list[Verdict]) -> Verdict:
+    """Every ``sometimes`` property of every mode has an explicit witness in some scope (non-vacuity)."""
+    from models.properties import for_mode
+    from .explicit.explore import MODE_NAMES
+    found = {(v.property, v.mode) for v in verdicts if v.method == "explicit BFS" and v.result == "found"}
+    missing = [(p.name, MODE_NAMES[m]) for m in MODE_NAMES for p in for_mode(m)
+               if p.kind == "sometimes" and (p.name, MODE_NAMES[m]) not in found]
+    return Verdict("every_witness_found", "explicit BFS (all scopes)", "every explicit scope", "all",
+                   "failed" if missing else "holds", 0.0,
+                   detail=f"no witness in any scope: {missing}" if missing else
+                   "every sometimes property of every mode is witnessed in some scope")
 
 
 def _z3_version() -> str:
@@ -122,27 +142,50 @@ def _bound_formula() -> str:
 def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True, log=print) -> Report:
     """Every check of `make verify` (`deep`: the DEEP_SCOPES too); see the module docstring."""
     t0 = time.perf_counter()
+    from .mutants import MUTANTS
     scopes = list(CI_SCOPES) + (list(DEEP_SCOPES) if deep else [])
     rep = Report(DGAP.hash, _z3_version(), _bound_formula(), [str(s) for s in scopes], deep=deep)
-    work = [("symbolic", _job_symbolic, ()), ("mutants", _job_mutants, (mutants_symbolic,)),
-            ("self-checks", _job_selfcheck, ())]
-    work += [(f"{s} mode {m}", _job_scope, (s, m)) for s in scopes for m in s.modes]
-    # the largest jobs first, so that two workers finish together
-    work.sort(key=lambda w: 0 if w[2] and isinstance(w[2][0], Scope) and w[2][1] != 2 else 1)
+    names = [m.name for m in MUTANTS]
+    chunks = [tuple(names[i::3]) for i in range(3)]  # three jobs, so that they interleave with the scopes
+    # (name, function, args, rough cost in CPU seconds): the largest first, so that the workers finish together
+    work = [("symbolic", _job_symbolic, (), 10)]
+    work += [(f"self-checks mode {m}", _job_selfcheck, (m,), 4) for m in (0, 1, 2)]
+    work += [(f"mutants {i}", _job_mutants, (mutants_symbolic, c), 15) for i, c in enumerate(chunks)]
+    work += [(f"{s} mode {m}", _job_scope, (s, m), _cost(s, m)) for s in scopes for m in s.modes]
+    work.sort(key=lambda w: -w[3])
+    mutants: dict[str, dict] = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futs = [(name, ex.submit(fn, *args)) for name, fn, args in work]
+        futs = [(name, ex.submit(fn, *args)) for name, fn, args, _ in work]
         for name, fut in futs:
             verdicts, runs, worst, extra = fut.result()
             log(f"  done: {name} ({len(verdicts)} verdicts)")
             rep.verdicts += verdicts
             rep.runs += runs
             rep.worst_case += worst
-            if name == "mutants":
-                rep.mutants = extra
+            if name.startswith("mutants"):
+                mutants.update((m["name"], m) for m in extra)
             else:
                 rep.counterexamples += extra
+    rep.mutants = [mutants[n] for n in names]
+    rep.verdicts.append(_witness_verdict(rep.verdicts))
     rep.seconds = time.perf_counter() - t0
+    if deep:
+        deep_scopes = {str(s) for s in DEEP_SCOPES}
+        rep.deep_summary = {
+            "date": datetime.date.today().isoformat(), "table_hash": rep.table_hash,
+            "seconds": round(rep.seconds, 1), "scopes": sorted(deep_scopes),
+            "runs": [r for r in rep.runs if r["scope"] in deep_scopes],
+            "verdicts": len([v for v in rep.verdicts if v.scope in deep_scopes]),
+            "failures": [f"{v.property}/{v.mode} ({v.scope}): {v.result}" for v in rep.verdicts
+                         if v.scope in deep_scopes and not v.ok]}
     return rep
+
+
+def _cost(s: Scope, mode: int) -> float:
+    """A rough CPU-seconds estimate of one scope job (only orders the jobs; measured on this machine)."""
+    per_state = 2e-5 if mode != 2 else 1.5e-5
+    states = 5e5 * (4.5 ** (s.n_max - 6)) * (6 ** s.quits) * (3 ** (s.d_max - 2))
+    return states * per_state * (0.3 if mode == 2 else 1)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -181,7 +224,7 @@ def render_table_md(table: Table = DGAP) -> list[str]:
 
 
 def render_md(rep: Report) -> str:
-    from .explicit.check import COVERAGE_WAIVERS, ROUNDS_CLOSED_FORM
+    from .explicit.check import COVERAGE_WAIVERS, NO_QUIT_WAIVERS, ROUNDS_CLOSED_FORM, STEP_PROPERTIES
     from .explicit.explore import MODE_NAMES
     out = ["# DGAP proof report", "",
            "Generated by `python -m proofs verify" + (" --deep" if rep.deep else "") + "` "
@@ -190,41 +233,60 @@ def render_md(rep: Report) -> str:
            f"- table hash (`DGAP.hash`): `{rep.table_hash}`",
            f"- termination bound (z3 ranking): {rep.bound_formula}",
            f"- explicit scopes: {'; '.join(rep.scopes)} (every data vector as a multiset, every interleaving, "
-           "every policy choice; rank symmetry checked, see the self-checks)",
+           "every policy choice; rank symmetry checked, see the self-checks). `quits<=Q`: up to Q ranks stop "
+           "(the environment's `quit`) at any point before they are DONE; without it no rank quits. "
+           "Confluence is checked without quits only (a quit is the environment's choice, not the policy's); "
+           "rounds equal the closed form without quits and are at most the closed form with quits.",
+           "- step property (explicit engine): " + "; ".join(f"`{k}`: {v}" for k, v in STEP_PROPERTIES.items()),
            f"- overall: **{'PASS' if rep.ok else 'FAIL'}** ({len(rep.verdicts)} verdicts, {len(rep.mutants)} mutants, "
            f"{rep.seconds:.1f} s wall)", ""]
     if not rep.ok:
         out += ["## Failures", ""] + [f"- {f}" for f in rep.failures] + [""]
     out += ["## Verdicts", ""] + verdict_table(rep.verdicts) + [""]
     out += ["## Explicit runs (per mode and N)", "",
-            "| mode | N | D | W | states | transitions | BFS depth | sinks | longest path | time (s) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| mode | N | D | W | quits | states | transitions | BFS depth | sinks | longest path | time (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep.runs:
-        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {r['states']:,} | {r['transitions']:,} | "
-                   f"{r['depth']} | {r['sinks']} | {r['longest_path']} | {r['seconds']:.2f} |")
+        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {r.get('quits', 0)} | {r['states']:,} | "
+                   f"{r['transitions']:,} | {r['depth']} | {r['sinks']} | {r['longest_path']} | {r['seconds']:.2f} |")
     out += ["", "States are canonical (rank symmetry); transitions are counted once per distinct rank tuple "
             "and firing.", ""]
     out += ["## Row coverage (fire counts over every run)", ""]
-    rows = [x.name for x in DGAP.rows] + ["complete"]
+    rows = [x.name for x in DGAP.rows] + ["complete", "quit"]
     out += ["| mode | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
     for mode in sorted({r["mode"] for r in rep.runs}):
         tot = {k: sum(r["fires"].get(k, 0) for r in rep.runs if r["mode"] == mode) for k in rows}
         out.append(f"| {mode} | " + " | ".join(f"{tot[k]:,}" for k in rows) + " |")
     out += [""] + [f"- waiver ({MODE_NAMES[m]}): {row}: {why}" for m, w in COVERAGE_WAIVERS.items()
-                   for row, why in w.items()] + [""]
+                   for row, why in w.items()]
+    out += [f"- waiver (scopes without quits): {row}: {why}" for row, why in NO_QUIT_WAIVERS.items()] + [""]
     out += ["## Exact worst case (rounds = collectives until all DONE)", "",
             "Closed forms checked on every data vector: " +
             "; ".join(f"{MODE_NAMES[m]}: {f}" for m, (f, _) in ROUNDS_CLOSED_FORM.items()) + ".", "",
-            "| mode | N | D | W | data vectors | max rounds (all vectors) | rounds == closed form | longest path |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| mode | N | D | W | quits | data vectors | max rounds (all vectors) | rounds vs closed form | "
+            "longest path |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in rep.runs:
-        es = [e for e in rep.worst_case if (e["mode"], e["n"], e["d_max"], e["w"]) ==
-              (r["mode"], r["n"], r["d_max"], r["w"])]
+        q = r.get("quits", 0)
+        es = [e for e in rep.worst_case if (e["mode"], e["n"], e["d_max"], e["w"], e.get("quits", 0)) ==
+              (r["mode"], r["n"], r["d_max"], r["w"], q)]
         if not es:
             continue
-        okc = all(e["max_rounds"] == e["closed_form"] for e in es)
-        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {len(es)} | "
-                   f"{max(e['max_rounds'] for e in es)} | {'yes' if okc else '**NO**'} | {r['longest_path']} |")
+        okc = all((e["max_rounds"] <= e["closed_form"]) if q else (e["max_rounds"] == e["closed_form"]) for e in es)
+        rel = "<=" if q else "=="
+        out.append(f"| {r['mode']} | {r['n']} | <={r['d_max']} | {r['w']} | {q} | {len(es)} | "
+                   f"{max(e['max_rounds'] for e in es)} | {rel + ' yes' if okc else '**NO**'} | {r['longest_path']} |")
+    if rep.deep_summary:
+        ds = rep.deep_summary
+        out += ["", f"## Deep scopes (`python -m proofs verify --deep`, run {ds['date']}, {ds['seconds']} s wall)", "",
+                ("Carried over from the last `--deep` run for this table hash. " if not rep.deep else "") +
+                f"Scopes: {'; '.join(ds['scopes'])}. {ds['verdicts']} verdicts, "
+                + (f"**failures: {ds['failures']}**" if ds["failures"] else "no failure") + ".", "",
+                "| scope | mode | N | states | transitions | BFS depth | longest path | time (s) |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in ds["runs"]:
+            out.append(f"| {r['scope']} | {r['mode']} | {r['n']} | {r['states']:,} | {r['transitions']:,} | "
+                       f"{r['depth']} | {r['longest_path']} | {r['seconds']:.2f} |")
     out += ["", "## Mutants", "",
             "| mutant | what | expected killer | killed | killed by (explicit) | killed by (z3) | time (s) |",
             "|---|---|---|---|---|---|---|"]
@@ -246,5 +308,13 @@ def render_md(rep: Report) -> str:
 
 
 def write(rep: Report, md: Path = REPORT_MD, js: Path = REPORT_JSON) -> None:
+    """Write both files; a non-deep report keeps the previous deep figures if the table hash is the same."""
+    if rep.deep_summary is None and js.exists():
+        try:
+            old = json.loads(js.read_text()).get("deep_summary")
+        except ValueError:
+            old = None
+        if old and old.get("table_hash") == rep.table_hash:
+            rep.deep_summary = old
     md.write_text(render_md(rep))
     js.write_text(json.dumps(rep.to_json(), indent=1, sort_keys=True, default=str) + "\n")

@@ -24,7 +24,7 @@ def test_committed_report_has_no_failing_verdict_and_every_mutant_killed():
     bad = [(v["property"], v["mode"], v["method"], v["result"]) for v in rep["verdicts"]
            if v["result"] not in ("proved", "holds", "found")]
     assert bad == [] and rep["ok"] and rep["failures"] == []
-    assert len(rep["mutants"]) >= 12 and all(m["killed_as_expected"] for m in rep["mutants"])
+    assert len(rep["mutants"]) >= 18 and all(m["killed_as_expected"] for m in rep["mutants"])
 
 
 def test_committed_report_contains_the_symbolic_and_the_explicit_engines():
@@ -32,5 +32,14 @@ def test_committed_report_contains_the_symbolic_and_the_explicit_engines():
     methods = {v["method"] for v in rep["verdicts"]}
     assert any(m.startswith("z3") for m in methods), "the z3 all-N proofs are missing from the report"
     assert "explicit BFS" in methods
-    n6 = [r for r in rep["runs"] if r["n"] == 6]
+    n6 = [r for r in rep["runs"] if r["n"] == 6 and r["d_max"] == 2 and not r.get("quits")]
     assert {r["mode"] for r in n6} == {"pad", "join", "quota"}
+    assert {r["mode"] for r in rep["runs"] if r.get("quits")} == {"pad", "join", "quota"}
+    witness = [v for v in rep["verdicts"] if v["property"] == "every_witness_found"]
+    assert len(witness) == 1 and witness[0]["result"] == "holds"
+
+
+def test_committed_report_carries_a_deep_run_for_the_current_table():
+    deep = _report()["deep_summary"]
+    assert deep and deep["table_hash"] == DGAP.hash and deep["failures"] == []
+    assert max(r["n"] for r in deep["runs"]) >= 8

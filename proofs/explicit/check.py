@@ -1,17 +1,25 @@
 """Every explicit-state verdict for one scope: what `python -m proofs verify` reports.
 
 Legend
-    scope    `models.scopes.Scope` (N <= n_max, D <= d_max, W = w, modes)
-    waiver   a row that cannot fire in a mode, stated as data (`COVERAGE_WAIVERS`);
-             a waived row that does fire is a failure too (the waiver is wrong)
+    scope    `models.scopes.Scope` (N <= n_max, D <= d_max, W = w, modes, Q = quits)
+    waiver   a row that cannot fire in a mode, stated as data (`COVERAGE_WAIVERS`;
+             `NO_QUIT_WAIVERS` in a scope without quits); a waived row that does
+             fire is a failure too (the waiver is wrong)
     rounds   collectives until every rank is DONE; their closed form per mode is
-             `ROUNDS_CLOSED_FORM` (the symbolic engine's ranking bound)
+             `ROUNDS_CLOSED_FORM` (the symbolic engine's ranking bound): equal to
+             the worst case without quits, an upper bound with quits
 
 For each mode and each N in 1..n_max, `check_scope` explores every reachable
 state (`explore.explore`) and folds the runs into one `Verdict` per property and
 mode: the ``always`` and ``sometimes`` properties of `models.properties` and the
-engine properties of `models.properties.ENGINE_PROPERTIES`.  A truncated search
-fails every verdict of its mode (INCOMPLETE).  Failures carry the shortest
+engine properties of `models.properties.ENGINE_PROPERTIES`, plus the step
+property `STEP_PROPERTIES` (``real_batches_non_empty``: every ``emit`` firing
+hands out at least one sample; a property of a transition, not of a state, so
+it is checked here and not written in `models.properties`).  A ``sometimes``
+property that reads the quit status ``qt`` is checked only in scopes with quits
+(without them its witness is unreachable by construction; `proofs.report`
+checks that every witness is found in some scope).  A truncated search fails
+every verdict of its mode (INCOMPLETE).  Failures carry the shortest
 counterexample as a step table.
 """
 
@@ -20,8 +28,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from models.logic import RF, Exists, Forall
 from models.properties import ENGINE_PROPERTIES, for_mode
 from models.scopes import Scope
+from odb.protocol.expr import Expr, Op
 from odb.protocol.table import DGAP, JOIN, PAD, QUOTA, Table
 
 from ..verdict import Verdict
@@ -29,13 +39,24 @@ from .confluence import POLICIES, check_confluence
 from .explore import MODE_NAMES, Exploration, explore
 from .trace import counterexample
 
-__all__ = ["COVERAGE_WAIVERS", "ROUNDS_CLOSED_FORM", "ScopeResult", "check_scope", "METHOD"]
+__all__ = ["COVERAGE_WAIVERS", "NO_QUIT_WAIVERS", "ROUNDS_CLOSED_FORM", "STEP_PROPERTIES", "ScopeResult",
+           "check_scope", "needs_quit", "METHOD"]
 
 METHOD = "explicit BFS"
 
 COVERAGE_WAIVERS: dict[int, dict[str, str]] = {
     JOIN: {"emit_filler": "JOIN sets nfill := 0 at return_go: fillers exist only in PAD"},
     QUOTA: {"emit_filler": "QUOTA sets nfill := 0 at return_go: fillers exist only in PAD"},
+}
+
+NO_QUIT_WAIVERS: dict[str, str] = {
+    "quit": "no rank quits in a scope with quits=0 (aborts are covered by the quit scopes)",
+    "return_abort": "no rank posts a non-zero status in a scope with quits=0",
+}
+
+STEP_PROPERTIES = {
+    "real_batches_non_empty": "every emit firing (a real batch) hands out at least one sample "
+                              "(its count, computed by odb.protocol.machine.fire, is >= 1)",
 }
 
 ROUNDS_CLOSED_FORM = {
@@ -48,13 +69,26 @@ ROUNDS_CLOSED_FORM = {
 Z3_BOUND_TEXT = "sum_i (d_i + 1) + N*R*(W + 3) + R"
 
 
-def z3_transition_bound(d: tuple[int, ...], w: int, mode: int) -> int:
+def z3_transition_bound(d: tuple[int, ...], w: int, mode: int, quits: int = 0) -> int:
     """The transition bound the z3 ranking proves (`proofs.symbolic.BOUND_FORMULA`), evaluated at `d`.
 
+    `Z3_BOUND_TEXT` plus one environment ``quit`` per rank that may quit (the z3
+    bound adds N, one per rank; a scope with ``quits`` < N allows only that many).
     Kept in step with the symbolic engine's string by `tests/test_explicit.py`.
     """
     rounds = ROUNDS_CLOSED_FORM[mode][1](d)
-    return sum(x + 1 for x in d) + len(d) * rounds * (w + 3) + rounds
+    return sum(x + 1 for x in d) + len(d) * rounds * (w + 3) + rounds + min(quits, len(d))
+
+
+def needs_quit(e: Expr) -> bool:
+    """True if formula `e` reads a rank's quit status ``qt`` (its witness needs a quit)."""
+    if isinstance(e, RF):
+        return e.field == "qt"
+    if isinstance(e, (Forall, Exists)):
+        return needs_quit(e.body)
+    if isinstance(e, Op):
+        return any(needs_quit(a) for a in e.args)
+    return False
 
 
 @dataclass
@@ -69,16 +103,17 @@ class ScopeResult:
 
 
 def _run_figures(r: Exploration) -> dict:
-    return {"mode": MODE_NAMES[r.mode], "n": r.n, "d_max": r.d_max, "w": r.w, "states": r.states,
+    return {"mode": MODE_NAMES[r.mode], "n": r.n, "d_max": r.d_max, "w": r.w, "quits": r.quits, "states": r.states,
             "transitions": r.transitions, "depth": r.depth, "sinks": r.sinks,
             "longest_path": r.longest_path, "seconds": round(r.seconds, 3), "truncated": r.truncated,
             "fires": dict(r.fires)}
 
 
-def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: ScopeResult,
+def _fold(mode: int, runs: list[Exploration], scope: Scope, table: Table, out: ScopeResult,
           max_cex: int) -> None:
     """One verdict per property for `mode` from the runs N = 1..n_max."""
     m = MODE_NAMES[mode]
+    quits, witnesses, scope = scope.quits, scope.witnesses, str(scope)
     secs = sum(r.seconds for r in runs)
     states = sum(r.states for r in runs)
     depth = max(r.depth for r in runs)
@@ -101,7 +136,7 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
             bad = next((r for r in runs if p.name in r.always_fail), None)
             detail = cex(bad, bad.always_fail[p.name], f"VIOLATION {p.name}", prop=p.name) if bad else ""
             verdict(p.name, bad is None, detail)
-        else:
+        elif witnesses and (quits or not needs_quit(p.formula)):
             hit = next((r for r in runs if p.name in r.sometimes_found), None)
             detail = f"N={hit.n}: witness at depth {len(hit.path(hit.sometimes_found[p.name])) - 1}" if hit else \
                 "no reachable witness in scope"
@@ -134,8 +169,19 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
     else:
         detail = "at most one enabled row per rank in every reachable state"
     verdict("local_determinism", bad is None, detail)
-    fires = {name: sum(r.fires.get(name, 0) for r in runs) for name in [x.name for x in table.rows] + ["complete"]}
-    waived = COVERAGE_WAIVERS.get(mode, {})
+    bad = next((r for r in runs if r.empty_batches), None)
+    if bad:
+        idx, rid, row, params, count = bad.empty_batches[0]
+        detail = cex(bad, idx, f"EMPTY BATCH next: {row}{dict(params)} hands out {count} samples",
+                     prop="real_batches_non_empty")
+    else:
+        detail = "every emit firing hands out >= 1 sample"
+    verdict("real_batches_non_empty", bad is None, detail)
+    fires = {name: sum(r.fires.get(name, 0) for r in runs)
+             for name in [x.name for x in table.rows] + ["complete", "quit"]}
+    waived = dict(COVERAGE_WAIVERS.get(mode, {}))
+    if not quits:
+        waived.update(NO_QUIT_WAIVERS)
     never = sorted(k for k, v in fires.items() if v == 0 and k not in waived)
     wrong = sorted(k for k in waived if fires.get(k, 0) > 0)
     verdict("every_row_fires", not never and not wrong,
@@ -146,9 +192,9 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
     off = []
     for r in runs:
         for d, e in sorted(r.per_vector.items()):
-            out.worst_case.append({"mode": m, "n": r.n, "d_max": r.d_max, "w": r.w, "d": list(d), **e,
-                                   "closed_form": fn(d)})
-            if e["max_rounds"] != fn(d):
+            out.worst_case.append({"mode": m, "n": r.n, "d_max": r.d_max, "w": r.w, "quits": quits, "d": list(d),
+                                   **e, "closed_form": fn(d)})
+            if e["max_rounds"] is None or (e["max_rounds"] > fn(d) if quits else e["max_rounds"] != fn(d)):
                 off.append((r.n, d, e["max_rounds"], fn(d)))
     # -- the longest run against the z3 ranking bound (proofs.symbolic.BOUND_FORMULA) -------------
     over_bound, slack = [], []
@@ -156,17 +202,19 @@ def _fold(mode: int, runs: list[Exploration], scope: str, table: Table, out: Sco
         for d, e in r.per_vector.items():
             if e["longest"] is None or e["max_rounds"] is None:
                 continue
-            b = z3_transition_bound(d, r.w, mode)
+            b = z3_transition_bound(d, r.w, mode, quits)
             slack.append(b - e["longest"])
             if e["longest"] > b:
                 over_bound.append((r.n, d, e["longest"], b))
     verdict("longest_path_within_z3_bound", not over_bound and bool(slack) and over is None,
-            f"longest path <= {Z3_BOUND_TEXT} on every data vector (min slack {min(slack)})" if slack and not
+            f"longest path <= {Z3_BOUND_TEXT}{' + quits' if quits else ''} on every data vector "
+            f"(min slack {min(slack)})" if slack and not
             over_bound else f"exceeds (N, d, longest, bound): {over_bound[:4]}")
-    verdict("worst_case_rounds_match_closed_form",
+    rel = "<=" if quits else "=="
+    verdict("rounds_within_closed_form" if quits else "worst_case_rounds_match_closed_form",
             not off and over is None and all(r.per_vector for r in runs),
-            f"max rounds == {formula} for every data vector" if not off else
-            f"differs (N, d, max rounds, closed form): {off[:4]}", formula=formula)
+            f"max rounds {rel} {formula} for every data vector" if not off else
+            f"not {rel} (N, d, max rounds, closed form): {off[:4]}", formula=formula)
 
 
 def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | None = None,
@@ -174,24 +222,26 @@ def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | No
     """All explicit verdicts of `scope` (see the module docstring).
 
     `confluence_n_max` bounds N for the confluence runs (default: the scope's
-    n_max).  `log(str)` receives one progress line per run.
+    ``confluence_n_max``, else its n_max); confluence runs only without quits.  `log(str)` receives one progress line per run.
     """
     out = ScopeResult(scope=str(scope))
     for mode in scope.modes:
         runs = []
         for n in range(1, scope.n_max + 1):
             r = explore(n, scope.d_max, scope.w, mode, table=table, max_states=max_states,
-                        round_bound=ROUNDS_CLOSED_FORM[mode][1])
+                        round_bound=ROUNDS_CLOSED_FORM[mode][1], quits=scope.quits)
             runs.append(r)
             out.runs.append(_run_figures(r))
             if log:
-                log(f"  {MODE_NAMES[mode]:5} N={n}: {r.states} states, {r.transitions} transitions, "
+                log(f"  {MODE_NAMES[mode]:5} N={n} Q={scope.quits}: {r.states} states, {r.transitions} transitions, "
                     f"depth {r.depth}, {r.seconds:.2f} s")
-        _fold(mode, runs, str(scope), table, out, max_cex)
+        _fold(mode, runs, scope, table, out, max_cex)
         for r in runs:
             r.drop_graph()
         del runs
-        _confluence(scope, mode, table, out, confluence_n_max or scope.n_max, log, max_states)
+        if not scope.quits:  # a quit is the environment's choice: confluence is a claim about policies only
+            _confluence(scope, mode, table, out, confluence_n_max or scope.confluence_n_max or scope.n_max,
+                        log, max_states)
     return out
 
 

@@ -47,9 +47,10 @@ def policy_filter(kind: str):
             groups[(tr[0], tr[1])].append(tr)
         out = []
         ip = len(fm.model.table.field_names)
+        hdr = [fm.layout[f] for f in ("pn", "pst", "pshape")]
         for (actor, row), options in groups.items():
             if actor is None:  # complete: the proposal sees the gathered headers only
-                seen = tuple(sorted(fm.rank_of[i][ip + 3] for i in s[0]))
+                seen = tuple(sorted(tuple(fm.rank_of[i][h] for h in hdr) for i in s[0]))
             else:              # a rank sees its own table fields (and its inputs, fixed by the state)
                 seen = fm.rank_of[actor][:ip]
             pick = _pick(kind, [o[2] for o in options], (row, seen))

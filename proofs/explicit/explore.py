@@ -2,7 +2,9 @@
 
 Legend
     N        ranks; D the largest shard (every data vector in 0..D, as a multiset);
-             W the window; mode PAD/JOIN/QUOTA
+             W the window; mode PAD/JOIN/QUOTA; Q the number of ranks that may
+             quit in one run (`models.env.Model(quits=Q)`: the environment's
+             ``quit`` may fire at any time before the rank is DONE)
     state    `fast.FastState` (rank symmetry applied) or, with ``symmetry=False``,
              a plain `models.env.SysState` (no reduction; used to check the reduction)
     sink     a state without successors; a deadlock is a sink that is not all-DONE
@@ -12,8 +14,9 @@ interleaving and every policy choice (the proposal, ``use`` and ``take``), and
 returns an `Exploration`: counts, BFS depth, per-row fire counts, the first
 (shortest) state violating each ``always`` property, the first witness of each
 ``sometimes`` property, deadlocks, cycles, traps (states from which all-DONE is
-unreachable), local nondeterminism, the longest path and the rounds per data
-vector.  Parent pointers make every reported state's path a shortest path.
+unreachable), local nondeterminism, empty real batches (a step property: every
+``emit`` firing hands out at least one sample), the longest path and the rounds
+per data vector.  Parent pointers make every reported state's path a shortest path.
 
 A search that exceeds ``max_states`` stops and is flagged ``truncated``; every
 verdict built from it is then a failure (INCOMPLETE), never a pass.
@@ -26,10 +29,11 @@ import time
 from dataclasses import dataclass, field
 
 from models.env import Model, SysState
+from models.logic import GLOBAL_ENV
 from models.properties import for_mode
 from odb.protocol.table import DGAP, MODES, Table
 
-from .fast import FastModel
+from .fast import FastModel, rank_layout
 from .props import compile_formula
 
 __all__ = ["Exploration", "explore", "data_vectors", "MODE_NAMES"]
@@ -51,6 +55,7 @@ class Exploration:
     d_max: int
     w: int
     symmetry: bool
+    quits: int = 0
     states: int = 0
     transitions: int = 0
     depth: int = 0
@@ -63,6 +68,7 @@ class Exploration:
     deadlocks: list = field(default_factory=list)         # state indices (first few)
     num_deadlocks: int = 0
     nondeterministic: list = field(default_factory=list)  # (state index, rank id, rows)
+    empty_batches: list = field(default_factory=list)     # (state index, rank id, row, params, count)
     cycle: list | None = None                              # state indices of one cycle
     traps: list = field(default_factory=list)              # states that cannot reach all-DONE
     num_traps: int = 0
@@ -79,7 +85,7 @@ class Exploration:
 
     @property
     def scope(self) -> str:
-        return f"N={self.n}, D<={self.d_max}, W={self.w}"
+        return f"N={self.n}, D<={self.d_max}, W={self.w}" + (f", quits<={self.quits}" if self.quits else "")
 
     def path(self, idx: int) -> list[tuple]:
         """The shortest path to state `idx`: ``[(label or None, state)]`` from an initial state."""
@@ -99,10 +105,7 @@ class Exploration:
 
 
 def _props(table: Table, mode: int, model: Model):
-    index = {f: i for i, f in enumerate(table.field_names)}
-    ip = len(table.field_names)
-    for j, name in enumerate(("src", "d", "posted", "pn", "pshape")):
-        index[name] = ip + j
+    index = rank_layout(table)
     out = []
     for p in for_mode(mode):
         out.append((p, compile_formula(p.formula, index, model.cfg, table.let_map)))
@@ -110,7 +113,7 @@ def _props(table: Table, mode: int, model: Model):
 
 
 def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symmetry: bool = True,
-            max_states: int = 5_000_000, policy=None, round_bound=None) -> Exploration:
+            max_states: int = 5_000_000, policy=None, round_bound=None, quits: int = 0) -> Exploration:
     """Explore every reachable state for `n` ranks (see the module docstring).
 
     Deterministic: the same arguments give the same counts and counterexamples.
@@ -122,14 +125,15 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     search and a shortest counterexample.
     """
     t0 = time.perf_counter()
-    model = Model(table, W=w, mode=mode)
+    model = Model(table, W=w, mode=mode, quits=quits)
     fm = FastModel(model)
-    res = Exploration(mode=mode, n=n, d_max=d_max, w=w, symmetry=symmetry, fm=fm, model=model)
+    res = Exploration(mode=mode, n=n, d_max=d_max, w=w, symmetry=symmetry, quits=quits, fm=fm, model=model)
     props = _props(table, mode, model)
     always = [(p.name, c) for p, c in props if p.kind == "always"]
     sometimes = {p.name: c for p, c in props if p.kind == "sometimes"}
     fires = {r.name: 0 for r in table.rows}
     fires["complete"] = 0
+    fires["quit"] = 0
 
     if symmetry:
         succ_fn = fm.successors
@@ -161,7 +165,7 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     seen_keys: set = set()
     need_globals = any(c.reads_globals for _, c in props)
     rank_of = fm.rank_of
-    num_nondet = 0
+    num_nondet = num_empty = 0
     i = 0
     while i < len(states):
         s = states[i]
@@ -180,7 +184,7 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
             sysv = None
             if need_globals:
                 sysv = fm.to_sys(s) if symmetry else s
-                glob = {g: sysv.global_value(g) for g in ("k", "max_n", "min_n", "min_pos_n", "proposal")}
+                glob = {g: sysv.global_value(g) for g in GLOBAL_ENV}
             for name, c in always:
                 if name not in res.always_fail and not c.fn(ranks, glob):
                     res.always_fail[name] = i
@@ -215,6 +219,11 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
                 if len(res.nondeterministic) < 5:
                     res.nondeterministic.append((i, rid, rows))
             num_nondet = len(fm.nondeterministic)
+        if len(fm.empty_batches) > num_empty:
+            for rid, row, params, count in fm.empty_batches[num_empty:]:
+                if len(res.empty_batches) < 5:
+                    res.empty_batches.append((i, rid, row, params, count))
+            num_empty = len(fm.empty_batches)
         if not out:
             res.sinks += 1
             res.sink_list.append(i)
@@ -228,12 +237,18 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
             res.truncated = True
             break
     if not symmetry:
-        # local determinism on the unreduced graph, from the same memo as the reduced one
+        # local determinism and batch sizes on the unreduced graph, from the same memo as the reduced one
         for s in states[:i]:
             for r in s.ranks:
-                rows = fm.enabled_rows(fm.intern(r), s.k, s.mb)
+                rid = fm.intern(r)
+                rows = fm.enabled_rows(rid, s.k, s.mb)
                 if len(rows) > 1 and len(res.nondeterministic) < 5:
-                    res.nondeterministic.append((index[s], fm.intern(r), rows))
+                    res.nondeterministic.append((index[s], rid, rows))
+                before = len(fm.empty_batches)
+                fm.local(rid, s.k, s.mb)
+                for rid2, row, params, count in fm.empty_batches[before:]:
+                    if len(res.empty_batches) < 5:
+                        res.empty_batches.append((index[s], rid2, row, params, count))
 
     res.states = len(states)
     res.transitions = sum(len(o) for o in succs)

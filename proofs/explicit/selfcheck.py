@@ -5,7 +5,8 @@ Legend
     fast      `fast.FastModel.successors` (memoised, symmetry-reduced)
     canon     `SysState.canon` (sort the rank tuples); pi a rank permutation
 
-Three verdicts per mode, at a small scope (every state, every permutation):
+Three verdicts per mode, at small scopes with and without quits (every state,
+every permutation; the quit scopes exercise ``Model.quit_successors``):
 
 ``fast_successors_match_model``
     for every reachable reduced state s: fast(s) == {canon(t) for t in succ(s)}
@@ -33,9 +34,9 @@ __all__ = ["fast_matches_model", "symmetry_self_test", "reduction_sound", "selfc
 METHOD = "explicit engine self-check"
 
 
-def fast_matches_model(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP) -> tuple[int, list]:
+def fast_matches_model(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, quits: int = 0) -> tuple[int, list]:
     """(states checked, mismatches[:3]) for every reachable reduced state."""
-    r = explore(n, d_max, w, mode, table=table)
+    r = explore(n, d_max, w, mode, table=table, quits=quits)
     fm, bad = r.fm, []
     for s in r.states_list:
         fast = {t for _, _, _, t in fm.successors(s)}
@@ -49,9 +50,9 @@ def _permute(s: SysState, pi: tuple[int, ...]) -> SysState:
     return SysState(s.table_fields, tuple(s.ranks[p] for p in pi), s.k, s.mb, s.cfg_items)
 
 
-def symmetry_self_test(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP) -> tuple[int, list]:
+def symmetry_self_test(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, quits: int = 0) -> tuple[int, list]:
     """(pairs checked, mismatches[:3]) over every reachable unreduced state and every permutation."""
-    r = explore(n, d_max, w, mode, table=table, symmetry=False)
+    r = explore(n, d_max, w, mode, table=table, symmetry=False, quits=quits)
     model, bad, pairs = r.model, [], 0
     perms = list(itertools.permutations(range(n)))[1:]
     for s in r.states_list:
@@ -66,14 +67,14 @@ def symmetry_self_test(n: int, d_max: int, w: int, mode: int, *, table: Table = 
 def _summary(r) -> dict:
     return {"always_fail": sorted(r.always_fail), "sometimes": sorted(r.sometimes_found),
             "deadlock": r.num_deadlocks > 0, "cycle": r.cycle is not None, "traps": r.num_traps > 0,
-            "nondet": bool(r.nondeterministic), "longest_path": r.longest_path,
+            "nondet": bool(r.nondeterministic), "empty": bool(r.empty_batches), "longest_path": r.longest_path,
             "per_vector": {d: (e["max_rounds"], e["min_rounds"], e["longest"]) for d, e in r.per_vector.items()}}
 
 
-def reduction_sound(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP) -> tuple[dict, list]:
+def reduction_sound(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, quits: int = 0) -> tuple[dict, list]:
     """(figures, differences) between the reduced and the unreduced run."""
-    red = explore(n, d_max, w, mode, table=table)
-    full = explore(n, d_max, w, mode, table=table, symmetry=False)
+    red = explore(n, d_max, w, mode, table=table, quits=quits)
+    full = explore(n, d_max, w, mode, table=table, symmetry=False, quits=quits)
     fm = red.fm
     diffs = []
     if {fm.from_sys(s) for s in full.states_list} != set(red.states_list):
@@ -87,10 +88,11 @@ def reduction_sound(n: int, d_max: int, w: int, mode: int, *, table: Table = DGA
             "longest_path": red.longest_path}, diffs
 
 
-# (check, N max, D max, W): the unreduced runs use the generic successors and grow fast with N.
-SELFCHECK_SCOPES = (("fast_successors_match_model", 3, 2, 2), ("fast_successors_match_model", 2, 3, 2),
-                    ("symmetry_self_test", 2, 3, 2), ("symmetry_reduction_sound", 3, 2, 2),
-                    ("symmetry_reduction_sound", 2, 3, 2))
+# (check, N max, D max, W, quits): the unreduced runs use the generic successors and grow fast with N.
+SELFCHECK_SCOPES = (("fast_successors_match_model", 3, 2, 2, 0), ("fast_successors_match_model", 2, 3, 2, 0),
+                    ("fast_successors_match_model", 3, 1, 2, 2), ("fast_successors_match_model", 2, 2, 2, 1),
+                    ("symmetry_self_test", 2, 3, 2, 0), ("symmetry_self_test", 2, 2, 2, 1),
+                    ("symmetry_reduction_sound", 2, 3, 2, 0), ("symmetry_reduction_sound", 3, 1, 2, 1))
 
 
 def selfcheck_verdicts(scopes=SELFCHECK_SCOPES, modes=(0, 1, 2), *, table: Table = DGAP) -> list[Verdict]:
@@ -100,13 +102,13 @@ def selfcheck_verdicts(scopes=SELFCHECK_SCOPES, modes=(0, 1, 2), *, table: Table
            "symmetry_reduction_sound": reduction_sound}
     for mode in modes:
         m = MODE_NAMES[mode]
-        for name, n_max, d_max, w in scopes:
+        for name, n_max, d_max, w, quits in scopes:
             fn = fns[name]
-            scope = f"N<={n_max}, D<={d_max}, W={w}"
+            scope = f"N<={n_max}, D<={d_max}, W={w}" + (f", quits<={quits}" if quits else "")
             t0 = time.perf_counter()
             count, bad, extra = 0, [], {}
             for n in range(1, n_max + 1):
-                figures, b = fn(n, d_max, w, mode, table=table)
+                figures, b = fn(n, d_max, w, mode, table=table, quits=quits)
                 if isinstance(figures, dict):
                     extra[n] = figures
                     count += figures["unreduced_states"]

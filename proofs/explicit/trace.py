@@ -3,7 +3,8 @@
 Legend
     rI       rank I of the replayed run (ranks are numbered in the order of the
              initial state; identities are kept across steps by the replay)
-    env      the environment's ``complete`` (one collective round finishes)
+    env      the environment: ``complete`` (one collective round finishes) or
+             ``quit`` (rank I's local stop status turns to 1: ``env.quit(rank=I)``)
     k        collectives completed; ``mb`` the last collective's result
 
 A path found on the symmetry-reduced graph is replayed on the unreduced
@@ -14,6 +15,7 @@ with a *waits-for* line: which ranks wait in which round, and for whom.
 from __future__ import annotations
 
 from models.env import SysState
+from models.logic import GLOBAL_ENV, RANK_ENV
 from odb.protocol.table import DONE, PHASES, WAIT
 
 from .explore import Exploration
@@ -33,10 +35,12 @@ def replay(res: Exploration, idx: int) -> list[tuple[str, SysState]]:
     for lab, target in path[1:]:
         actor_id, row, params = lab
         for l2, t in model.successors(cur):
-            if l2.row != row or l2.params != params:
+            # the environment's quit names its rank in the params; the fast model names it as the actor
+            who = dict(l2.params)["rank"] if l2.row == "quit" else l2.actor
+            if l2.row != row or (l2.params != params and not (res.symmetry and row == "quit")):
                 continue
             if res.symmetry:
-                if actor_id is not None and cur.ranks[l2.actor] != fm.rank_of[actor_id]:
+                if actor_id is not None and cur.ranks[who] != fm.rank_of[actor_id]:
                     continue
                 if fm.from_sys(t) != target:
                     continue
@@ -59,7 +63,7 @@ def _fmt(name: str, v) -> str:
 
 
 def _rank_fields(s: SysState) -> tuple[str, ...]:
-    return tuple(s.table_fields) + ("src", "d", "posted", "pn", "pshape")
+    return tuple(s.table_fields) + tuple(RANK_ENV)
 
 
 def step_table(steps: list[tuple[str, SysState]]) -> str:
@@ -79,7 +83,7 @@ def step_table(steps: list[tuple[str, SysState]]) -> str:
         if prev.k != s.k:
             ch.append(f"k {prev.k}->{s.k}")
         if prev.mb != s.mb:
-            ch.append("mb(max_n,min_n,min_pos_n,proposal)=" + ",".join(map(str, s.mb)))
+            ch.append("mb(" + ",".join(g for g in GLOBAL_ENV if g != "k") + ")=" + ",".join(map(str, s.mb)))
         lines.append(f"{n:>4}  {lab:<34} {'; '.join(ch)}")
     return "\n".join(lines)
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from odb.protocol.expr import Cfg, Const, Expr, Field, Input, Let, Param, and_, eq, ge, gt, ite, le, mn, mx, not_
-from odb.protocol.table import DGAP, DONE, JOIN, PAD, QUOTA, Choice, Effect, Table
+from odb.protocol.expr import Cfg, Const, Expr, Field, Input, Let, and_, eq, gt, ite, lt, mn, mx, not_, or_
+from odb.protocol.table import DGAP, DONE, JOIN, Effect, Table
 
 __all__ = ["Mutant", "MUTANTS", "by_name"]
 
 W, MODE = Cfg("W"), Cfg("mode")
 buf, x, rd, nreal, pend = Field("buf"), Field("x"), Field("rd"), Field("nreal"), Field("pend")
+QUIT = Input("quit")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,22 @@ def _leave_early() -> Table:
     return replace(t, rows=t.rows + (leave,))
 
 
+def _payload(**changes: Expr) -> Table:
+    """post_header with some header fields replaced (the others, e.g. ``st``, kept)."""
+    post = DGAP.row("post_header")
+    payload = tuple((n, changes.get(n, e)) for n, e in post.effect.payload)
+    return DGAP.replace_row("post_header", effect=replace(post.effect, payload=payload))
+
+
+def _quit_leaves_without_posting() -> Table:
+    # a stopping rank returns at once instead of posting its status: the others wait for it
+    post = DGAP.row("post_header")
+    t = DGAP.replace_row("post_header", guard=and_(post.guard, eq(QUIT, 0)))
+    leave = replace(post, name="leave_on_quit", guard=gt(QUIT, 0), effect=Effect("none"), phase_to=DONE,
+                    updates=(("ab", Const(True)),), doc="mutant: a stopping rank leaves without posting")
+    return replace(t, rows=t.rows + (leave,))
+
+
 def _post_shape_local() -> Table:
     post = DGAP.row("post_header")
     return DGAP.replace_row("post_header", effect=replace(post.effect, shape=buf))
@@ -93,9 +110,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("stop_from_all_exhausted",
            "the header posts 0 once the source is exhausted, so the stop reads 'all exhausted' "
            "instead of max_n == 0: carried samples are discarded when every rank finishes",
-           lambda: DGAP.replace_row("post_header", effect=replace(
-               DGAP.row("post_header").effect, payload=(("n", ite(x, Const(0), buf)),))),
-           "nothing_left_at_end"),
+           lambda: _payload(n=ite(x, Const(0), buf)), "nothing_left_at_end"),
     Mutant("stop_clears_carry",
            "stop when some window is empty (min_n == 0) in every mode, and return_stop clears buf",
            lambda: _updates(_let(DGAP, "stop", eq(Input("min_n"), 0)), "return_stop", buf=Const(0)),
@@ -123,7 +138,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "round_emits_target"),
     Mutant("fetch_without_window_guard",
            "take_sample lacks buf < W: the window overflows and fetching races with posting",
-           lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), Input("src_has"))),
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), eq(QUIT, 0), Input("src_has"))),
            "window_bounded"),
     Mutant("use_lower_bound_zero",
            "return_go lets the grouping pick use = 0 while real batches are owed",
@@ -136,7 +151,36 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _updates(DGAP, "return_go", nfill=Const(0)), "round_emits_target"),
     Mutant("post_only_when_full",
            "post_header requires a full window (drops 'or x'): an exhausted rank never posts",
-           lambda: DGAP.replace_row("post_header", guard=eq(buf, W)), "deadlock_free"),
+           lambda: DGAP.replace_row("post_header", guard=or_(eq(buf, W), gt(QUIT, 0))), "deadlock_free"),
+    # -- aborts ----------------------------------------------------------------------------------
+    Mutant("return_go_ignores_abort",
+           "return_go drops 'not abort': after a stop status a rank may go on emitting while the others abort",
+           lambda: DGAP.replace_row("return_go", guard=and_(Input("ready"), not_(Let("stop")))),
+           "local_determinism"),
+    Mutant("return_stop_ignores_abort",
+           "return_stop drops 'not abort': when the data also ran out, ranks split between a clean stop "
+           "and an abort",
+           lambda: DGAP.replace_row("return_stop", guard=and_(Input("ready"), Let("stop"))),
+           "ranks_agree_on_abort"),
+    Mutant("quit_leaves_without_posting",
+           "a stopping rank goes DONE without posting its status (a local early return before a collective)",
+           _quit_leaves_without_posting, "deadlock_free"),
+    Mutant("post_status_constant_zero",
+           "the header's st is 0 whatever the rank's status: nobody learns of a stop, the stopping rank's "
+           "unread samples are silently dropped",
+           lambda: _payload(st=Const(0)), "nothing_left_at_end"),
+    Mutant("return_abort_forgets_ab",
+           "return_abort does not set ab: an aborted epoch is reported as complete",
+           lambda: _updates(DGAP, "return_abort", ab=None), "nothing_left_at_end"),
+    Mutant("abort_decided_locally",
+           "the abort decision reads the rank's own quit input instead of the gathered max_st: only the "
+           "stopping rank leaves, the others wait for it in the next collective (Table.validate accepts it: "
+           "it rejects decisions reading fields, not local inputs)",
+           lambda: _let(DGAP, "abort", gt(QUIT, 0)), "deadlock_free"),
+    Mutant("fetch_ignores_quit",
+           "take_sample drops 'quit == 0': a stopping rank may keep reading or post (two rows enabled)",
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), lt(buf, W), Input("src_has"))),
+           "local_determinism"),
 )
 
 
