@@ -55,3 +55,30 @@ def test_odb_beats_the_release_algorithm_on_its_long_tail_mix():
     assert out["odb"]["steps"] < out["release"]["steps"]
     assert out["odb"]["straggler_eff"] > out["release"]["straggler_eff"]
     assert out["odb"]["singletons_avoid"] < 0.02 < out["release"]["singletons"]
+
+
+def test_bench_bounds_hold_for_every_method_on_a_small_point():
+    from paper_repro.bench import run_config
+
+    r = run_config("mmmix", 4, 64, 8192, "packed", 256)
+    assert r["lower_bound"] * 4 >= r["shard_lower_bound"] >= r["lower_bound"]  # ceil(LB/N) <= shard LB
+    for name, m in r["methods"].items():
+        if "straggler_eff" in m:
+            assert m["straggler_eff"] <= m["straggler_ceiling"] + 1e-9, name
+        if name in ("odb", "release_reimpl"):  # fixed shards: no policy beats their lower bound
+            assert m["steps"] >= r["shard_lower_bound"], name
+            assert m["straggler_eff"] <= r["shard_token_ceiling"] + 1e-9, name  # packed: exact ceiling
+            assert m["budget_use"] <= r["packed_use_ceiling"] + 1e-9, name
+
+
+def test_at_the_epoch_end_the_costliest_leftover_groups_go_first():
+    from odb.batching.policy import fill_bucket
+
+    cost = make_cost_model("padded", 1000)
+    ws = [[(1500,), (900,), (400,), (400,), (300,), (300,)], [(600,), (450,), (450,)]]
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, x) for p, w, x in zip(pols, ws, (False, True))]
+    t = pols[0].propose(summaries, 8)
+    groups = pols[0].partition(ws[0], t, t, cost, summaries=summaries)
+    fills = [cost.utilisation([ws[0][i] for i in g]) for g in groups]
+    assert t == 2 and fills[0] == 1.5 and fill_bucket(fills[0]) < fill_bucket(fills[1])

@@ -213,8 +213,13 @@ class BalancedPolicy:
                 taken.append(by_bucket[b].pop(0))
         # the slots the profile leaves open: fullest within budget first; a lone over-budget
         # sample (a step of its own cost) only when nothing else is left, cheapest first
-        left = sorted((k for ks in by_bucket for k in ks),
-                      key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
+        if any(s[2] for s in summaries if s[1] > 0):
+            # epoch end: costliest first, so a rank holding more cost (over-budget samples
+            # carried this far) spends it while the other ranks still have batches to run
+            left = sorted((k for ks in by_bucket for k in ks), key=lambda k: (-closed[k].fill, k))
+        else:
+            left = sorted((k for ks in by_bucket for k in ks),
+                          key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
         taken += left[:real - len(taken)]
         return sorted(taken, key=lambda k: (-closed[k].fill, k))
 
