@@ -37,7 +37,9 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -159,6 +161,46 @@ def run_config(dist: str, world: int, window: int, budget: int, kind: str, per_r
     return out
 
 
+RELEASE_POINTS = [(d, n, 256, 8192, "padded", 1024) for d in ("release", "sharegpt4o") for n in (2, 8)]
+
+
+def measure_release_package(python: str, dist: str, world: int, window: int, budget: int, kind: str,
+                            per_rank: int, seed: int = 0, timeout_s: int = 300) -> dict:
+    """The RELEASED package's own grouping on `world` gloo ranks (`paper_repro.release_driver`, run
+    by `python`, a venv holding online-dynamic-batching 0.1.2), scored with `metrics` like the rest.
+
+    Its budget is padded tokens (batch size x longest), so only ``kind="padded"`` is meaningful.
+    Returns ``{"error": ...}`` if the ranks fail or time out (never raises for the package's faults).
+    """
+    sizes = sample_lengths(dist, world * per_rank, seed)
+    shards = [sizes[r::world] for r in range(world)]
+    flat = [x for sh in shards for x in sh]
+    starts = [sum(len(sh) for sh in shards[:r]) for r in range(world)]
+    with tempfile.TemporaryDirectory() as tmp:
+        job, res = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+        with open(job, "w") as f:
+            json.dump({"shards": [[x[0] for x in sh] for sh in shards], "budget": budget,
+                       "buffer_size": window, "seed": 1042}, f)
+        driver = Path(__file__).resolve().parent / "release_driver.py"
+        try:
+            subprocess.run([python, str(driver), job, res], timeout=timeout_s, check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            out = json.load(open(res))
+        except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+    if "error" in out:
+        return out
+    steps = max(len(b) for b in out["batches"])
+    rows = [[[starts[r] + i for i in b] for b in row] + [None] * (steps - len(row))
+            for r, row in enumerate(out["batches"])]
+    m = metrics(rows, flat, make_cost_model(kind, budget))
+    emitted = [i for row in rows for b in row if b for i in b]
+    m.update({"lost": len(flat) - len(set(emitted)), "duplicated": len(emitted) - len(set(emitted)),
+              "steps_per_rank": [len(b) for b in out["batches"]], "collate_calls": out["calls"],
+              "wall_s": out["wall_s"]})
+    return m
+
+
 def decision_microbench(world: int = 64, window: int = 1024, reps: int = 50) -> dict:
     """Policy time for one round on one rank with a full `window`: summarize + propose over
     `world` summaries + partition (fresh policy each rep, so no memo carries over)."""
@@ -208,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated distributions to run (default: all)")
     ap.add_argument("--out", default=str(RESULTS), help="output folder")
     ap.add_argument("--no-runtime", action="store_true", help="skip the runtime-overhead part (bench_runtime)")
+    ap.add_argument("--release-python", default="", help="python of a venv holding online-dynamic-batching 0.1.2: "
+                    "also measure the released package itself at RELEASE_POINTS")
     a = ap.parse_args(argv)
     cfgs = grid(a.full)
     if a.only:
@@ -218,8 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         results = list(ex.map(_run, cfgs))
     wall = time.perf_counter() - t0
     micro = decision_microbench()
+    released = []
+    for pt in (RELEASE_POINTS if a.release_python else []):
+        mine = next((r for r in results if tuple(r[k] for k in ("dist", "world", "window", "budget", "cost"))
+                     == pt[:5]), None) or run_config(*pt)
+        released.append({"point": list(pt), "package": measure_release_package(a.release_python, *pt),
+                         "odb": mine["methods"]["odb"], "release_reimpl": mine["methods"]["release_reimpl"],
+                         "gmt_steps": mine["methods"]["gmt"]["steps"]})
     report = {"date": time.strftime("%Y-%m-%d"), "wall_s": wall, "jobs": a.jobs, "full": a.full,
-              "targets": TARGETS, "decision_microbench_1024": micro,
+              "targets": TARGETS, "decision_microbench_1024": micro, "release_package": released,
               "distributions": {d: describe(sample_lengths(d, 20000)) for d in DISTRIBUTIONS},
               "results": results}
     out = Path(a.out)
@@ -289,6 +340,28 @@ def _check_targets(results: list[dict], micro: dict) -> list[str]:
     return lines
 
 
+def _release_section(released: list[dict]) -> list[str]:
+    if not released:
+        return [RELEASE_PACKAGE_NOTE]
+    out = ["Measured with `--release-python`: the package's own `grouping_data` on N gloo ranks, its "
+           "collate loop reproduced by `paper_repro/release_driver.py` (default warm-up, seed 1042); "
+           "ODB and the re-implementation on the same shards.", "",
+           "| dist | N | W | B | GMT | package steps (per rank) | lost | dup | strag | single | use "
+           "| reimpl steps | reimpl strag | ODB steps | ODB strag |", "|" + "---|" * 15]
+    for e in released:
+        d, n, w, b = e["point"][:4]
+        p, o, ri = e["package"], e["odb"], e["release_reimpl"]
+        if "error" in p:
+            out.append(f"| {d} | {n} | {w} | {b} | {e['gmt_steps']} | FAILED: {p['error'][:120]} |"
+                       + " |" * 9)
+            continue
+        out.append(f"| {d} | {n} | {w} | {b} | {e['gmt_steps']} | {p['steps']} ({min(p['steps_per_rank'])}"
+                   f"-{max(p['steps_per_rank'])}) | {p['lost']} | {p['duplicated']} | {p['straggler_eff']:.3f} "
+                   f"| {p['singletons']:.3f} | {p['budget_use']:.3f} | {ri['steps']} | {ri['straggler_eff']:.3f} "
+                   f"| {o['steps']} | {o['straggler_eff']:.3f} |")
+    return out
+
+
 def render(report: dict) -> str:
     """The Markdown report of `main`'s JSON."""
     res = report["results"]
@@ -300,7 +373,7 @@ def render(report: dict) -> str:
            "`release` columns are the RELEASE ALGORITHM (RE-IMPLEMENTED FROM ITS DESCRIPTION in FACTS.md "
            "section 2), not the released code. Padding is only meaningful for the padded cost.", "",
            "## Targets", "", *_check_targets(res, report["decision_microbench_1024"]), "",
-           "## The released package", "", RELEASE_PACKAGE_NOTE, "",
+           "## The released package", "", *_release_section(report.get("release_package", [])), "",
            "## Length distributions (assumed shapes, paper CVs)", "",
            "| dist | mean | CV | max | p99 |", "|---|---|---|---|---|"]
     for d, v in report["distributions"].items():

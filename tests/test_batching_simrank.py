@@ -82,3 +82,30 @@ def test_at_the_epoch_end_the_costliest_leftover_groups_go_first():
     groups = pols[0].partition(ws[0], t, t, cost, summaries=summaries)
     fills = [cost.utilisation([ws[0][i] for i in g]) for g in groups]
     assert t == 2 and fills[0] == 1.5 and fill_bucket(fills[0]) < fill_bucket(fills[1])
+
+
+def test_every_rank_receives_the_same_gathered_summaries_in_partition():
+    from odb.batching.policy import BalancedPolicy
+
+    pols = []
+
+    class Recording(BalancedPolicy):
+        def __init__(self):
+            super().__init__()
+            self.posted, self.got = [], []
+            pols.append(self)
+
+        def summarize(self, window, cost, exhausted):
+            self.posted.append(super().summarize(window, cost, exhausted))
+            return self.posted[-1]
+
+        def partition(self, window, target, real, cost, *, summaries=None):
+            self.got.append((len(self.posted) - 1, [list(x) for x in summaries]))
+            return super().partition(window, target, real, cost, summaries=summaries)
+
+    sizes = [sample_lengths("mmmix", 300, seed=r) for r in range(3)]
+    simulate(sizes, make_cost_model("padded", 4096), window=32, policy=Recording)
+    assert len(pols) == 3 and all(p.got for p in pols)
+    for p in pols:  # exactly this round's posted summaries of every rank, in rank order
+        for rnd, got in p.got:
+            assert got == [q.posted[rnd] for q in pols]
