@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from models.properties import for_mode
-from odb.protocol.expr import Const, Field, Input, Let, and_, eq, gt, not_
+from odb.protocol.expr import Cfg, Const, Field, Input, Let, and_, eq, gt, lt, not_
 from odb.protocol.table import DGAP, DONE, FILL, JOIN, PAD, QUOTA, Effect, Row
 from proofs.symbolic import BOUND_FORMULA, BOUND_STATEMENT, INVARIANT, prove_all
 from proofs.verdict import Verdict
@@ -31,7 +31,8 @@ def test_every_obligation_is_proved_on_dgap_in_every_mode(dgap_verdicts):
     for mode, name in MODE_NAME.items():
         got = {v.property for v in dgap_verdicts if v.mode == name}
         always = {p.name for p in for_mode(mode) if p.kind == "always"}
-        assert got == always | {"inductive_invariant", "non_vacuity", "deadlock_free", "bounded_termination"}
+        assert got == always | {"inductive_invariant", "non_vacuity", "deadlock_free", "bounded_termination",
+                                "local_determinism"}
 
 
 def test_the_invariant_is_checked_conjunct_by_conjunct_for_every_transition(dgap_verdicts):
@@ -149,6 +150,24 @@ def test_a_stopping_rank_that_leaves_without_posting_is_caught():
         verdicts = {v.property: v for v in prove_all(bad, modes=(mode,))}
         inv = verdicts["inductive_invariant"]
         assert inv.result == "failed" and "quit_silently =>" in inv.detail
+
+
+def test_a_stopping_rank_that_may_still_fetch_is_nondeterministic():
+    """take_sample ignores quit: a stopping rank may fetch or post (both enabled): the invariant
+    and every property still hold, and the all-N determinism query is the one that bites."""
+    bad = DGAP.replace_row("take_sample", guard=and_(not_(Field("x")), lt(Field("buf"), Cfg("W")), Input("src_has")))
+    verdicts = {v.property: v for v in prove_all(bad, modes=(PAD,))}
+    assert verdicts["inductive_invariant"].ok and verdicts["deadlock_free"].ok
+    det = verdicts["local_determinism"]
+    assert det.result == "failed" and "take_sample and post_header" in det.detail and "qt" in det.detail
+
+
+def test_local_determinism_checks_every_pair_of_rows_of_a_phase(dgap_verdicts):
+    pairs = sum(1 for x, a in enumerate(DGAP.rows) for b in DGAP.rows[x + 1:] if a.phase_from == b.phase_from)
+    assert pairs >= 9
+    for v in dgap_verdicts:
+        if v.property == "local_determinism":
+            assert v.result == "proved" and v.extra["queries"] == pairs
 
 
 def test_an_abort_that_forgets_its_flag_is_caught():

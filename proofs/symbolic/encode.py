@@ -374,15 +374,16 @@ class Encoder:
         return out
 
     # -- enabledness (deadlock) ----------------------------------------------
+    def row_enabled(self, row: Row, s: Sym, i) -> z3.BoolRef:
+        """`row` can fire at rank `i` (phase, guard, and every choice has a value in its bounds)."""
+        st = self.local_step(row, s, i, f"en.{row.name}.{next(_fresh)}")
+        body = z3.And(*st.guard[1:])
+        ps = list(st.params.values())
+        return z3.Exists(ps, body) if ps else body
+
     def local_enabled(self, s: Sym, i) -> z3.BoolRef:
         """Some row of rank `i` can fire (guard true and every choice has a value in its bounds)."""
-        alts = []
-        for row in self.table.rows:
-            st = self.local_step(row, s, i, f"en.{row.name}.{next(_fresh)}")
-            body = z3.And(*st.guard[1:])
-            ps = list(st.params.values())
-            alts.append(z3.Exists(ps, body) if ps else body)
-        return z3.Or(*alts)
+        return z3.Or(*[self.row_enabled(row, s, i) for row in self.table.rows])
 
     def complete_disabled(self, s: Sym) -> z3.BoolRef:
         """``complete`` has no successor: written existentially (some rank is not posted at round k,

@@ -27,6 +27,10 @@ Obligations (``Inv`` is the conjunction of `invariants.for_mode(mode)`,
                          `ROUND_BUDGET` (<= W + 3) within a round or moves to the
                          next round index (`ROUND_INDEX`, always in [0, R - 1]).
                          Together: `BOUND_FORMULA`.
+    local_determinism    Inv & (rows a != b both enabled at one rank, whatever
+                         choices) is unsat, for every pair of rows leaving the same
+                         phase: the inputs a rank gets decide its next row (the
+                         explicit engine checks the same at small N)
     non_vacuity          Init & Inv & Ax, and Inv & Ax & T for every transition, and
                          the deadlock query's hypotheses, are satisfiable; rows in
                          `invariants.NEVER_FIRES` must instead be unsat
@@ -251,6 +255,22 @@ def _deadlock(ctx: _Ctx) -> _Outcome:
     return out
 
 
+def _determinism(ctx: _Ctx) -> _Outcome:
+    enc, s = ctx.enc, ctx.s
+    out = _Outcome()
+    i = z3.Int("q.rank")
+    sv = ctx.solver(*ctx.inv, enc.rank(i))
+    rows = ctx.table.rows
+    for x, a in enumerate(rows):
+        for b in rows[x + 1:]:
+            if a.phase_from != b.phase_from:
+                continue  # exclusive by the phase alone
+            _run(sv, out, f"{a.name} and {b.name} are never enabled together", "unsat",
+                 z3.And(enc.row_enabled(a, s, i), enc.row_enabled(b, s, i)),
+                 lambda m: _two_state(ctx, m, s, None, None))
+    return out
+
+
 def _measures(ctx: _Ctx, st: Sym, j) -> dict[str, z3.ExprRef]:
     f = lambda e: ctx.enc.formula(e, st, {"i": j})  # noqa: E731
     out = {name: f(e) for name, e in inv_mod.MEASURE}
@@ -390,6 +410,9 @@ def prove_mode(table: Table = DGAP, mode: int = 0, timeout_ms: int = DEFAULT_TIM
             t = time.perf_counter()
             verdicts.append(_verdict("deadlock_free", "z3 all-N (Inv & stuck unsat)", mname, _deadlock(ctx), t))
             t = time.perf_counter()
+            verdicts.append(_verdict("local_determinism", "z3 all-N (Inv & two rows enabled unsat)", mname,
+                                     _determinism(ctx), t))
+            t = time.perf_counter()
             verdicts.append(_verdict("bounded_termination", "z3 all-N ranking", mname, _termination(ctx), t,
                                      {"bound": BOUND_FORMULA, "statement": BOUND_STATEMENT}))
         else:
@@ -397,6 +420,7 @@ def prove_mode(table: Table = DGAP, mode: int = 0, timeout_ms: int = DEFAULT_TIM
                 if p.kind == "always":
                     verdicts.append(_gated(p.name, "z3 all-N induction (Inv => P)", mname, why))
             verdicts.append(_gated("deadlock_free", "z3 all-N (Inv & stuck unsat)", mname, why))
+            verdicts.append(_gated("local_determinism", "z3 all-N (Inv & two rows enabled unsat)", mname, why))
             verdicts.append(_gated("bounded_termination", "z3 all-N ranking", mname, why))
     except EncodingError as exc:
         verdicts.append(Verdict("encoding", "z3 all-N encoding", SCOPE, mname, "failed",
