@@ -94,7 +94,7 @@ W = 2
 # carry, and a sample of N=3 with and without an empty rank.  The exhaustive N <= 6 exploration is the
 # explicit engine's job.
 AGREE = {1: (((0,), 1), ((1,), 1), ((2,), 1)),
-         2: (((0, 1), 1), ((1, 2), 6)),
+         2: (((0, 1), 1), ((1, 2), 8)),
          3: (((0, 1, 1), 32), ((1, 1, 1), 48))}
 MODES = (PAD, JOIN, QUOTA)
 QUITS = 3  # >= every N here: any number of ranks may stop, as in the all-N encoding
