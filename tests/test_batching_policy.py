@@ -70,8 +70,9 @@ def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_nee
     need = max(1, min(needs)) if needs else 1
     if any(s[2] for s in live) or not live:
         assert t == need  # the epoch end (or nothing left): the minimum need, as before
-    else:  # while data flows: only the slots every rank can match, never more than the need
-        assert t == max(1, len(default_policy().profile(summaries, need))) and 1 <= t <= need
+    else:  # while data flows: only the slots every rank can match, unless that is under half the need
+        p = len(default_policy().profile(summaries, need))
+        assert t == (p if 2 * p >= need else need) and 1 <= t <= need
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,7 +97,7 @@ def test_over_budget_samples_are_emitted_together_once_every_rank_holds_one():
     pols = [default_policy() for _ in ws]
     summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
     t = pols[0].propose(summaries, 8)
-    assert pols[0].profile(summaries, t) == [0] and t == 1  # 1.0 and 0.8 do not match: carried
+    assert pols[0].profile(summaries, t) == [0] and t == 1  # 1.0 and 0.8 do not match; 1 slot is half the need
     firsts = [p.partition(w, t, t, cost, summaries=summaries)[0] for p, w in zip(pols, ws)]
     assert firsts == [[0], [1]]  # each rank's costliest over-budget sample in the first slot
 
