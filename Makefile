@@ -33,7 +33,7 @@ test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process t
 verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs/REPORT.md
 	$(BIN)/python -m proofs verify
 
-verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=8); appends to the report
+verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=10 at D<=1, N<=7 at D<=2); adds its figures to the report
 	$(BIN)/python -m proofs verify --deep
 
 bench: $(VENV)/.stamp-all  ## batching quality + runtime overhead; writes paper_repro/results/

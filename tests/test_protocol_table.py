@@ -4,7 +4,7 @@ import pytest
 
 from odb.errors import ProtocolError
 from odb.protocol import DGAP, FILL, WAIT, fire, initial_local, step
-from odb.protocol.expr import Field, eq
+from odb.protocol.expr import Field, Input, eq
 
 
 CFG = {"W": 2, "mode": 0, "header_len": 1}
@@ -34,19 +34,21 @@ def test_data_source_is_asked_only_when_a_guard_needs_it():
 
     def inputs(name):
         asked.append(name)
-        return True
+        return 0 if name == "quit" else True
 
     s = step(DGAP, local, inputs, CFG, lambda *a: 0)
-    assert s.row == "take_sample" and asked == ["src_has"]
+    assert s.row == "take_sample" and asked == ["quit", "src_has"]
     full = dict(local, buf=2)
     asked.clear()
     s = step(DGAP, full, inputs, CFG, lambda *a: 0)
-    assert s.row == "post_header" and asked == [] and s.after["ph"] == WAIT
+    # A full window posts without asking the source; the header's status reads `quit`.
+    assert s.row == "post_header" and asked == ["quit"] and s.after["ph"] == WAIT
+    assert s.payload == {"n": 2, "st": 0, "shape": 1}
 
 
 def test_choice_outside_its_contract_is_rejected():
     local = dict(initial_local(DGAP, CFG), ph=WAIT, buf=2)
-    inputs = {"ready": True, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1}
+    inputs = {"ready": True, "max_st": 0, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1}
     with pytest.raises(ProtocolError, match="use"):
         fire(DGAP, DGAP.row("return_go"), local, inputs, CFG, {"use": 0})
     s = fire(DGAP, DGAP.row("return_go"), local, inputs, CFG, {"use": 2})
@@ -55,3 +57,14 @@ def test_choice_outside_its_contract_is_rejected():
 
 def test_initial_state_is_fill():
     assert initial_local(DGAP, CFG)["ph"] == FILL
+
+
+@pytest.mark.parametrize("leaf", [Field("buf"), Input("quit"), Input("src_has")])
+def test_validate_rejects_a_decision_that_reads_rank_local_values(leaf):
+    from dataclasses import replace
+
+    from odb.protocol.expr import gt
+
+    lets = tuple((n, gt(leaf, 0) if n == "abort" else e) for n, e in DGAP.lets)
+    with pytest.raises(ValueError, match="rank-local"):
+        replace(DGAP, lets=lets).validate()

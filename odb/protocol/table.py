@@ -274,9 +274,13 @@ class Table:
                 out |= reads(lets[leaf.name]) if isinstance(leaf, Let) else {leaf}
             return out
 
+        collective = {Input(i.name) for i in self.inputs if i.source == "collective"}
         for n, e in self.lets:
-            if any(isinstance(x, Field) for x in reads(e)):
-                raise ValueError(f"decision {n!r} reads a local field: {render(e)}")
+            local = [x for x in reads(e) if isinstance(x, (Field, Param)) or (isinstance(x, Input) and x not in collective)]
+            if local:
+                raise ValueError(f"decision {n!r} reads rank-local values {sorted(map(render, local))}: {render(e)}; "
+                                 "a decision may read only collective inputs and cfg, so every rank takes every "
+                                 "branch together")
         for r in self.rows:
             if typecheck(r.guard, kinds, lets) != "bool":
                 raise ValueError(f"guard of {r.name} is not boolean")
