@@ -106,9 +106,9 @@ def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
 class BalancedPolicy:
     """Full groups, minimum-need target, a shared per-step cost profile (see the module docstring).
 
-    Summary layout (``summary_len = 6 + NUM_BUCKETS`` ints):
-    ``[SUMMARY_TAG, n, exhausted, closed groups, all groups, window cost in 1/1000
-    budget, h[0] .. h[NUM_BUCKETS - 1]]`` (``h``: closed groups per `fill_bucket`).
+    Summary layout (``summary_len = 5 + NUM_BUCKETS`` ints):
+    ``[SUMMARY_TAG, n, exhausted, closed groups, all groups, h[0] .. h[NUM_BUCKETS - 1]]``
+    (``h``: closed groups per `fill_bucket`; the length never depends on the window).
     `propose` and `profile` are deterministic and do not depend on rank order
     (minima over ranks); both raise ProtocolError on a summary of another layout
     (ranks running different policies).  Holds a one-entry memo of the last
@@ -155,6 +155,7 @@ class BalancedPolicy:
 
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
+        """This rank's summary (layout in the class docstring); pure in its arguments."""
         gs = self.groups(window, cost)
         hist = [0] * NUM_BUCKETS
         for g in gs:
@@ -163,6 +164,8 @@ class BalancedPolicy:
         return [SUMMARY_TAG, len(window), int(bool(exhausted)), sum(hist), len(gs), *hist]
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
+        """The round's target ``T`` (module docstring) from the gathered summaries: deterministic,
+        rank-order free, at least 1.  Raises ProtocolError on a summary of another layout."""
         _check(summaries, self.summary_len)
         need = [(s[4] if s[2] else s[3]) for s in summaries if s[1] > 0]
         if not need:
