@@ -64,10 +64,10 @@ def pack(window: Sequence[Sizes], cost: CostModel) -> list[Group]:
     unless it is one over-budget sample; closed groups first, in longest-first order."""
     if not window:
         return []
-    order = order_longest_first(window, cost)
+    vals = _weights(window, cost)  # once: ordering and packing read the same single-sample costs
+    order = sorted(range(len(window)), key=lambda p: (-vals[p], p))  # = order_longest_first
     if isinstance(cost, BudgetCost) and len(cost.resources) == 1:
         r = cost.resources[0]
-        vals = _weights(window, cost)
         if r.kind == "padded":
             return _pack_padded(order, vals, r.budget)
         return _pack_additive(order, vals, r.budget)

@@ -147,10 +147,11 @@ class BalancedPolicy:
         # over budget: slots every rank can fill with one of its lone over-budget samples (each
         # rank takes its costliest ones, so these slots align by cost rank, not by bucket)
         out += [0] * min(sum(s[_HEAD:_HEAD + OVER]) for s in live)
-        for b in range(OVER, NUM_BUCKETS):
+        mins = [min(col) for col in zip(*(s[_HEAD + OVER:] for s in live))]  # per bucket, over ranks
+        for b, m in enumerate(mins, start=OVER):
             if len(out) >= target:
                 break
-            out += [b] * min(s[_HEAD + b] for s in live)
+            out += [b] * m
         return out[:target]
 
     # -- AlignmentPolicy -------------------------------------------------------
