@@ -11,6 +11,14 @@ windows (buffers, per rank) 64, 256, 1024, (budget, cost) in (8192, padded),
 (16384, padded), (8192, packed); ``max(2 W, 1024)`` samples per rank.
 ``--full``: N up to 64, both budgets with both costs, ``max(8 W, 4096)``.
 
+The released package itself (``--release-python PY``): PY is the python of a separate
+venv holding online-dynamic-batching 0.1.2 (its import name ``odb`` collides with
+ours).  A recipe that downloads no torch: ``python -m venv V``; write the main venv's
+site-packages path into ``V/lib/python3.X/site-packages/main_venv.pth``;
+``V/bin/pip install --no-deps online_dynamic_batching-0.1.2-py3-none-any.whl``.
+`measure_release_package` then runs ``paper_repro/release_driver.py`` at
+`RELEASE_POINTS` (N gloo processes each; a failure is reported, not raised).
+
 Metrics (per method):
     steps              optimizer steps (one batch per rank each)
     budget_use         sum of batch costs / (steps x ranks x budget)
