@@ -174,9 +174,9 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _updates(DGAP, "return_abort", ab=None), "nothing_left_at_end"),
     Mutant("abort_decided_locally",
            "the abort decision reads the rank's own quit input instead of the gathered max_st: only the "
-           "stopping rank leaves, the others wait for it in the next collective (Table.validate accepts it: "
-           "it rejects decisions reading fields, not local inputs)",
-           lambda: _let(DGAP, "abort", gt(QUIT, 0)), "deadlock_free"),
+           "stopping rank leaves, the others wait for it in the next collective (Table.validate bypassed: "
+           "it rejects decisions that read rank-local inputs)",
+           lambda: _let(DGAP, "abort", gt(QUIT, 0)), "deadlock_free", validate=False),
     Mutant("fetch_ignores_quit",
            "take_sample drops 'quit == 0': a stopping rank may keep reading or post (two rows enabled)",
            lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), lt(buf, W), Input("src_has"))),
