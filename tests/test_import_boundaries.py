@@ -1,0 +1,19 @@
+"""The layering the README promises: the protocol, the policies and the models import neither torch nor z3."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["odb", "odb.protocol", "odb.batching", "models.env", "models.properties"])
+def test_module_imports_neither_torch_nor_z3(module):
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'z3') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", f"{module} pulled in {out.stdout.strip()}"
+
+
+def test_odb_exposes_the_runtime_lazily():
+    code = "import odb, sys; assert 'torch' not in sys.modules; odb.ODBDataLoader; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "True"
