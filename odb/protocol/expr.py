@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Union
 __all__ = [
     "Expr", "Const", "Field", "Input", "Hdr", "Cfg", "Param", "Let", "Op", "OPS",
     "add", "sub", "mn", "mx", "eq", "ne", "le", "lt", "ge", "gt", "and_", "or_", "not_",
-    "ite", "implies", "lift", "evaluate", "render", "leaves", "typecheck", "to_z3", "Scope",
+    "ite", "implies", "lift", "evaluate", "compiled", "render", "leaves", "typecheck", "to_z3", "Scope",
 ]
 
 
@@ -200,38 +200,82 @@ def _lookup(table: Mapping[str, int] | None, kind: str, name: str) -> int:
 
 
 def evaluate(e: Expr, s: Scope) -> int:
-    """Concrete value of `e` in scope `s` (booleans come back as bool)."""
+    """Concrete value of `e` in scope `s` (booleans come back as bool).
+
+    The tree is compiled once into nested closures (`compiled`) and cached on
+    the node, so the runtime's per-step guard evaluation does not walk the tree.
+    Semantics are those of the tree: ``and``/``or``/``ite`` evaluate lazily,
+    left to right, so an input is looked up only when the evaluation reaches it.
+    """
+    return compiled(e)(s)
+
+
+_COMPILED: dict[int, tuple[Expr, Callable[[Scope], int]]] = {}
+
+
+def compiled(e: Expr) -> Callable[[Scope], int]:
+    """`e` as a function of a `Scope` (cached per node; nodes are immutable)."""
+    hit = _COMPILED.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    fn = _compile(e)
+    if len(_COMPILED) > 200_000:  # bound the cache when many throwaway expressions are built
+        _COMPILED.clear()
+    _COMPILED[id(e)] = (e, fn)  # the node is kept alive, so its id is never reused
+    return fn
+
+
+def _leaf(kind: str, attr: str, name: str) -> Callable[[Scope], int]:
+    def f(s: Scope) -> int:
+        return _lookup(getattr(s, attr), kind, name)
+    return f
+
+
+def _compile(e: Expr) -> Callable[[Scope], int]:
     if isinstance(e, Const):
-        return e.value
+        v = e.value
+        return lambda s: v
     if isinstance(e, Field):
-        return _lookup(s.fields, "Field", e.name)
+        return _leaf("Field", "fields", e.name)
     if isinstance(e, Input):
-        return _lookup(s.inputs, "Input", e.name)
+        return _leaf("Input", "inputs", e.name)
     if isinstance(e, Hdr):
-        return _lookup(s.hdr, "Hdr", e.name)
+        return _leaf("Hdr", "hdr", e.name)
     if isinstance(e, Cfg):
-        return _lookup(s.cfg, "Cfg", e.name)
+        return _leaf("Cfg", "cfg", e.name)
     if isinstance(e, Param):
-        return _lookup(s.params, "Param", e.name)
+        return _leaf("Param", "params", e.name)
     if isinstance(e, Let):
-        if s.lets is None or e.name not in s.lets:
-            raise KeyError(f"Let({e.name!r}) is not defined")
-        return evaluate(s.lets[e.name], s)
+        name = e.name
+
+        def let(s: Scope) -> int:
+            if s.lets is None or name not in s.lets:
+                raise KeyError(f"Let({name!r}) is not defined")
+            return compiled(s.lets[name])(s)
+        return let
     if not isinstance(e, Op):
-        if s.resolve is None:
-            raise KeyError(f"no resolver for node {e!r}")
-        return s.resolve(e, s)
-    op, args = e.op, e.args
+        def resolve(s: Scope) -> int:
+            if s.resolve is None:
+                raise KeyError(f"no resolver for node {e!r}")
+            return s.resolve(e, s)
+        return resolve
+    op = e.op
+    a = [compiled(x) for x in e.args]
     if op == "ite":
-        return evaluate(args[1], s) if evaluate(args[0], s) else evaluate(args[2], s)
+        c, t, f = a
+        return lambda s: t(s) if c(s) else f(s)
     if op == "and":
-        return bool(evaluate(args[0], s)) and bool(evaluate(args[1], s))
+        x, y = a
+        return lambda s: bool(x(s)) and bool(y(s))
     if op == "or":
-        return bool(evaluate(args[0], s)) or bool(evaluate(args[1], s))
+        x, y = a
+        return lambda s: bool(x(s)) or bool(y(s))
     if op == "not":
-        return not evaluate(args[0], s)
-    a, b = evaluate(args[0], s), evaluate(args[1], s)
-    return _BINARY[op](a, b)
+        x = a[0]
+        return lambda s: not x(s)
+    x, y = a
+    fn = _BINARY[op]
+    return lambda s: fn(x(s), y(s))
 
 
 _BINARY: dict[str, Callable[[int, int], int]] = {

@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Mapping
 
 from .expr import (
@@ -190,8 +191,9 @@ class Table:
                 return r
         raise KeyError(f"no row {name!r}; rows: {[r.name for r in self.rows]}")
 
-    @property
+    @cached_property
     def let_map(self) -> dict[str, Expr]:
+        """The decision definitions by name (computed once; do not mutate)."""
         return dict(self.lets)
 
     @property
