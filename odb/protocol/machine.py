@@ -41,7 +41,8 @@ def initial_local(table: Table, cfg: Mapping[str, int]) -> dict:
 
 
 def candidate_rows(table: Table, local: Mapping) -> list[Row]:
-    return [r for r in table.rows if r.phase_from == local["ph"]]
+    """The rows leaving the rank's phase, in table order."""
+    return table.rows_from(local["ph"])
 
 
 class _Recording(Mapping):
@@ -73,7 +74,8 @@ def _scope(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping, params: 
 
 def enabled_rows(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> list[Row]:
     """Rows of the rank's phase whose guard holds."""
-    return [r for r in candidate_rows(table, local) if evaluate(r.guard, _scope(table, local, inputs, cfg))]
+    s = _scope(table, local, inputs, cfg)  # guards read no params: one scope serves every row
+    return [r for r in candidate_rows(table, local) if evaluate(r.guard, s)]
 
 
 def choice_bounds(table: Table, row: Row, choice: Choice, local: Mapping, inputs: Mapping,

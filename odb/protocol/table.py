@@ -191,6 +191,16 @@ class Table:
                 return r
         raise KeyError(f"no row {name!r}; rows: {[r.name for r in self.rows]}")
 
+    def rows_from(self, phase: int) -> list[Row]:
+        """The rows whose ``phase_from`` is `phase`, in table order (cached; do not mutate)."""
+        by_phase = self.__dict__.get("_rows_by_phase")
+        if by_phase is None:
+            by_phase = {}
+            for r in self.rows:
+                by_phase.setdefault(r.phase_from, []).append(r)
+            self.__dict__["_rows_by_phase"] = by_phase
+        return by_phase.get(phase, [])
+
     @cached_property
     def let_map(self) -> dict[str, Expr]:
         """The decision definitions by name (computed once; do not mutate)."""
