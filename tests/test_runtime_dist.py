@@ -226,6 +226,36 @@ def test_torchrun_two_processes_on_loopback(tmp_path):
     conform(tmp_path)
 
 
+def test_torchrun_two_nodes_on_loopback(tmp_path):
+    """``--nnodes 2`` (one process per node, static rendezvous on 127.0.0.1): every sample exactly once."""
+    import json
+    import socket
+
+    traces = tmp_path / "traces"
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__), traces=str(traces),
+                                             out=str(tmp_path)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank",
+                               str(n), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
+                               str(port), str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for n in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert all(p.returncode == 0 for p in nodes), [o[1][-2000:] for o in outs]
+    values = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert emitted(values) == list(range(40))
+    conform(tmp_path)
+
+
 def test_real_runs_fire_every_table_row(tmp_path):
     """Across this module's runs every row fired (run alone, the PAD and the early-break scenarios cover them)."""
     if set(COVERAGE) - {"return_abort"} != {r.name for r in DGAP.rows} - {"return_abort"}:
