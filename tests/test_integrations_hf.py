@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers")
+import transformers  # noqa: E402,F401  (installed by `make test`; missing fails, never skips)
 
 from _integrations_worker import N, check_run, run_workers  # noqa: E402
 from odb.errors import ConfigError  # noqa: E402
