@@ -210,38 +210,43 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_torchrun_two_processes_on_loopback(tmp_path):
+def _torchrun_job(tmp_path) -> str:
+    """Write the torchrun job script (40 samples, W=8, traces under tmp_path) and return its path."""
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__), traces=str(tmp_path / "traces"),
+                                             out=str(tmp_path)))
+    return str(script)
+
+
+def _check_torchrun_job(tmp_path) -> None:
     import json
 
-    traces = tmp_path / "traces"
-    script = tmp_path / "job.py"
-    script.write_text(TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__), traces=str(traces),
-                                             out=str(tmp_path)))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     values = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert emitted(values) == list(range(40))
     conform(tmp_path)
 
 
+def test_torchrun_two_processes_on_loopback(tmp_path):
+    script = _torchrun_job(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_torchrun_job(tmp_path)
+
+
 def test_torchrun_two_nodes_on_loopback(tmp_path):
     """``--nnodes 2`` (one process per node, static rendezvous on 127.0.0.1): every sample exactly once."""
-    import json
     import socket
 
-    traces = tmp_path / "traces"
-    script = tmp_path / "job.py"
-    script.write_text(TORCHRUN_SCRIPT.format(tests=os.path.dirname(__file__), traces=str(traces),
-                                             out=str(tmp_path)))
+    script = _torchrun_job(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank",
                                str(n), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
-                               str(port), str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               str(port), script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for n in range(2)]
     try:
         outs = [p.communicate(timeout=120) for p in nodes]
@@ -251,9 +256,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
                 p.kill()
                 p.wait(timeout=10)
     assert all(p.returncode == 0 for p in nodes), [o[1][-2000:] for o in outs]
-    values = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
-    assert emitted(values) == list(range(40))
-    conform(tmp_path)
+    _check_torchrun_job(tmp_path)
 
 
 def test_real_runs_fire_every_table_row(tmp_path):
