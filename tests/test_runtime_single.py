@@ -88,6 +88,32 @@ def test_an_exception_in_getitem_raises_with_its_index_from_a_worker():
             ids_of(loader)
 
 
+class _HangsAt(Samples):
+    """A worker that hangs (alive, never answers) on one index."""
+
+    def __init__(self, lengths, hang_at):
+        super().__init__(lengths)
+        self.hang_at = hang_at
+
+    def __getitem__(self, i):
+        if i == self.hang_at:
+            import time
+
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
+def test_a_hung_worker_fails_the_rank_within_timeout_s():
+    import time
+
+    t0 = time.monotonic()
+    with odb.ODBDataLoader(_HangsAt(LENGTHS, 5), 128, id_collate, buffer_size=8, num_workers=1, shuffle=False,
+                           timeout_s=2) as loader:
+        with pytest.raises(odb.SampleError, match=r"no preprocessed sample arrived within timeout_s=2 s"):
+            ids_of(loader)
+    assert time.monotonic() - t0 < 30
+
+
 def test_collate_errors_and_non_mapping_batches_name_the_indices():
     def bad(samples):
         raise KeyError("boom")

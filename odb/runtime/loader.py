@@ -176,7 +176,9 @@ class ODBDataLoader:
     :param process_group: the data-parallel group to align (default: the whole world).
         With a subgroup, only its members construct the loader.
     :param timeout_s: bound on every header collective; a peer that died or stalled
-        longer makes this rank raise `odb.RankFailure`.
+        longer makes this rank raise `odb.RankFailure`.  With ``num_workers > 0`` it
+        also bounds the wait for one preprocessed sample (DataLoader ``timeout``): a
+        hung worker fails this rank, and the table's abort takes every rank out.
     :param trace_dir: if set, every rank writes a JSONL trace per pass (see `odb.runtime.trace`).
 
     World size 1 (or no initialized process group) needs no group.  ``len(loader)``
@@ -212,7 +214,7 @@ class ODBDataLoader:
         self._source = Source(dataset, length_fn=length_fn, num_workers=num_workers,
                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                               multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
-                              shift_labels=shift_labels)
+                              shift_labels=shift_labels, worker_timeout_s=float(timeout_s))
         self.stats = LoaderStats()
         self._loader_id = next(_LOADER_IDS)
         self._epoch = 0

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from ..errors import SampleError
+
 __all__ = ["Source", "Item", "default_length", "count_labels", "shard_order"]
 
 
@@ -174,7 +176,8 @@ class Source:
     """
 
     def __init__(self, dataset, *, length_fn, num_workers: int, prefetch_factor, persistent_workers: bool,
-                 multiprocessing_context, worker_init_fn, pin_memory: bool = False, shift_labels: bool = False):
+                 multiprocessing_context, worker_init_fn, pin_memory: bool = False, shift_labels: bool = False,
+                 worker_timeout_s: float = 0.0):
         self.iterable = isinstance(dataset, IterableDataset)
         self._keys = None if self.iterable else _Keys()
         wrapped = (_IterFetch if self.iterable else _MapFetch)(dataset, length_fn, bool(shift_labels))
@@ -184,8 +187,13 @@ class Source:
                   worker_init_fn=worker_init_fn, pin_memory=pin_memory)
         if num_workers > 0 and prefetch_factor is not None:
             kw["prefetch_factor"] = prefetch_factor
+        if num_workers > 0 and worker_timeout_s > 0:
+            # A hung (not dead) worker: DataLoader raises after this long without a sample, the engine
+            # turns that into a local failure, and the table's abort takes every rank out.
+            kw["timeout"] = worker_timeout_s
         if not self.iterable:
             kw["sampler"] = self._keys
+        self._worker_timeout_s = worker_timeout_s if num_workers > 0 else 0.0
         self._loader = DataLoader(wrapped, **kw)
         self._it: Iterator | None = None
         self._pulled = 0
@@ -206,6 +214,13 @@ class Source:
             except StopIteration:
                 self._it = None
                 return None
+            except RuntimeError as e:
+                if self._worker_timeout_s > 0 and "timed out" in str(e):
+                    raise SampleError(
+                        f"no preprocessed sample arrived within timeout_s={self._worker_timeout_s:g} s (after "
+                        f"{self._pulled} samples this epoch): a DataLoader worker hung or is slower than that. "
+                        "Fix the preprocessing or raise timeout_s") from e
+                raise
             self._pulled += 1
             if item[0] not in self._skip:
                 return item
