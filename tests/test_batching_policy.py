@@ -59,20 +59,33 @@ rank_summaries = st.lists(st.tuples(st.integers(0, 64), st.booleans(), hists, st
 
 
 @settings(max_examples=60, deadline=None)
-@given(sums=rank_summaries)
-def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need(sums):
+@given(sums=rank_summaries, window=st.sampled_from([64, 255, 256, 1024]))
+def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need(sums, window):
     summaries = [_summary(*x) for x in sums]
-    t = default_policy().propose(summaries, 64)
-    assert t == default_policy().propose(summaries, 64)
-    assert t == default_policy().propose(list(reversed(summaries)), 64)
+    t = default_policy().propose(summaries, window)
+    assert t == default_policy().propose(summaries, window)
+    assert t == default_policy().propose(list(reversed(summaries)), window)
     live = [s for s in summaries if s[1] > 0]
     needs = [(s[4] if s[2] else s[3]) for s in live]
     need = max(1, min(needs)) if needs else 1
     if any(s[2] for s in live) or not live:
         assert t == need  # the epoch end (or nothing left): the minimum need, as before
     else:  # while data flows: only the slots every rank can match, unless that is under half the need
+        if window >= 256 and need >= 4:
+            need = (need + 1) // 2  # the reservoir: a large window emits the better half
         p = len(default_policy().profile(summaries, need))
         assert t == (p if 2 * p >= need else need) and 1 <= t <= need
+
+
+def test_a_large_window_carries_half_its_full_groups_while_data_flows():
+    # 8 full groups on both ranks, all in one bucket: the profile matches all 8
+    summaries = [_summary(300, False, [0] * 6 + [8]), _summary(300, False, [0] * 6 + [8])]
+    assert default_policy().propose(summaries, 64) == 8  # a small window emits every full group
+    assert default_policy().propose(summaries, 256) == 4  # a large one carries half (the reservoir)
+    ends = [_summary(300, True, [0] * 6 + [8], 1), summaries[1]]
+    assert default_policy().propose(ends, 256) == 8  # the epoch end: the full need, never halved
+    small = [_summary(300, False, [0] * 6 + [3])] * 2
+    assert default_policy().propose(small, 1024) == 3  # a need under 4 is not halved
 
 
 @settings(max_examples=60, deadline=None)
