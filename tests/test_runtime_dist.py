@@ -152,6 +152,15 @@ def test_one_rank_breaking_early_is_not_hidden_from_the_others(tmp_path):
     assert rows["return_abort"] == 2 and "return_stop" not in rows
 
 
+def test_ranks_that_stop_at_the_same_step_never_raise_even_if_one_consumer_lags(tmp_path):
+    # Rank 1's consumer sleeps after its first batch, so rank 0 breaks at step 3 and posts its stop
+    # while rank 1 still has steps 1..3 queued.  Those batches are valid on every rank: rank 1 must
+    # get them, break at the same step, and see no error (the abort's RankFailure queues behind them).
+    values = ok_values(run(tmp_path, 2, W=4, break_at=3, stall_at=0, stall_rank=1, stall_s=1.0))
+    assert [len(v["steps"]) for v in values] == [4, 4]
+    conform(tmp_path, allow_abort=True)
+
+
 def test_a_fetch_error_on_one_rank_ends_both_ranks_through_the_table_without_a_timeout(tmp_path):
     # oversize="error" on one rank's sample: the fetch raises on rank 1 only; rank 0 keeps
     # emitting until the abort round, and both ranks end there (no timeout involved).

@@ -180,17 +180,25 @@ class Engine:
     def _aborted(self, rnd: int) -> None:
         """The epoch ended by ``return_abort`` in round `rnd`.
 
-        Raises RankFailure if this rank did not stop itself; a stopping rank
-        returns quietly (its consumer is gone, or already holds its own error).
+        If this rank did not stop itself, its consumer gets a RankFailure after
+        the batches already queued; a stopping rank returns quietly (its
+        consumer is gone, or already holds its own error).
         """
         if self._quit != OK:
             return
         bad = [(r, h[0]) for r, h in enumerate(self._last) if h[0] != OK]
         what = "; ".join(f"rank {r} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
-        raise RankFailure(
+        err = RankFailure(
             f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still "
             "iterating; every rank stopped in that round. Every rank must iterate the loader to the end of the "
             "epoch, or all ranks must stop at the same step (e.g. the same max_steps).")
+        # The batches already queued were released with their global counts and are valid on every
+        # rank, so the error goes BEHIND them: if this rank's consumer also stops at the step where the
+        # peer stopped (the same max_steps, a checkpoint-and-break), it never sees the error.
+        self.error = err
+        if self.trace is not None:
+            self.trace.write({"failure": f"{type(err).__name__}: {str(err)[:500]}"})
+        self._put(("error", err))
 
     def _local_error(self, e: BaseException) -> None:
         """Record a rank-local error: hand it to the consumer now and set quit to FAILED.
