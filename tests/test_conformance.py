@@ -152,7 +152,10 @@ ABORT_TAMPERS = [  # on the abort run: rank 0 stopped (st=1), rank 1 was healthy
     (0, tamper_posted_st, "table gives"),
     (1, tamper_received_st, "received headers"),
     (1, tamper_max_st, "collective inputs"),
-    (0, tamper_quit_read, "does not record"),  # with quit=0 the guards would have asked the source
+    # With quit=0 the guards would have asked the source ("does not record") -- unless the window was
+    # full when the rank stopped, in which case post_header still fires and its payload's st differs
+    # ("table gives"); which one depends on timing, and either is a rejection.
+    (0, tamper_quit_read, ("does not record", "table gives")),
 ]
 
 
@@ -183,7 +186,8 @@ def test_a_tampered_abort_trace_is_rejected(abort_traces, tmp_path, rank, tamper
     save(d, rank, lines)
     (report,) = check_dir(str(d))
     assert not report.ok
-    assert any(words in p for p in report.problems), report.problems
+    alternatives = (words,) if isinstance(words, str) else words
+    assert any(w in p for p in report.problems for w in alternatives), report.problems
 
 
 @pytest.mark.parametrize("rank, tamper, words", TAMPERS, ids=[t[1].__name__ for t in TAMPERS])
