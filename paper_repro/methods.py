@@ -98,6 +98,10 @@ class ODBBatches:
                                  loss_basis="label_tokens", timeout_s=spec.get("timeout_s", 120))
         self.setup_s, self.notes = 0.0, f"mode={mode}, window={spec.get('window', 256)}, no length cache"
 
+    def close(self) -> None:
+        """Stop the loader's engine and free its gloo group (every rank calls this at the same point)."""
+        self.loader.close()
+
     def join_context(self, ddp):
         if self.mode == "join":
             from torch.distributed.algorithms import Join

@@ -88,7 +88,7 @@ def run_spec(spec: dict, workdir: str, nproc: int = 2, timeout_s: float = 600, o
     t0 = time.monotonic()
     assert proc.stdout is not None
     for line in proc.stdout:
-        tail = (tail + [line])[-40:]
+        tail = (tail + [line])[-120:]
         if line.startswith('{"progress"') and on_progress:
             on_progress(json.loads(line)["progress"])
         if time.monotonic() - t0 > timeout_s:

@@ -170,6 +170,9 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
         # Every sample was seen exactly once per epoch by every method here; use the exact count.
         seen = (epoch + 1) * len(ds_train)
         rec["val_loss"].append((seen, evaluate(net, val_batches, rank, world_size)))
+    close = getattr(source, "close", None)
+    if close is not None:  # deterministic teardown on every rank (not whenever the garbage collector runs)
+        close()
     return rec
 
 
@@ -247,7 +250,10 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump(results, f)
             os.replace(tmp, args.out)
     finally:
-        dist.destroy_process_group()
+        try:
+            dist.barrier()  # SYNC: both ranks tear down together (a peer gone mid-teardown aborts gloo)
+        finally:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
