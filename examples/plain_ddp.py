@@ -57,6 +57,7 @@ def main() -> None:
           f"fillers {loader.stats.fillers}, last loss {loss.item():.3f}")
     loader.close()
     if dist.is_initialized():
+        dist.barrier()  # tear down together: a peer that exits mid-teardown can abort gloo
         dist.destroy_process_group()
 
 

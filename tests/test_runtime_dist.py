@@ -215,6 +215,7 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
                    {{"lengths": make_lengths(40, 2, lo=2), "W": 8, "trace_dir": {traces!r}, "timeout_s": 20}})
     with open(os.path.join({out!r}, f"r{{dist.get_rank()}}.json"), "w") as f:
         json.dump(out, f)
+    dist.barrier()  # tear down together: a peer gone mid-teardown can abort gloo
     dist.destroy_process_group()
 """)
 
