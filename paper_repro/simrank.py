@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from odb.batching import AlignmentPolicy, CostModel, call_partition, check_partition, default_policy
+from odb.batching.deal import COST_SCALE, Dealer
 from odb.errors import ProtocolError
 from odb.protocol import DGAP, DONE, FILL, MODES, WAIT, Scope, evaluate, machine
 from odb.protocol.expr import Let
@@ -47,14 +48,34 @@ class SimResult:
 
 
 def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, window: int, mode: str = "pad",
-             policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7) -> SimResult:
+             policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
+             deal: Sequence[tuple[int, ...]] | None = None, lead: int | None = None) -> SimResult:
     """Run N = len(shards) ranks to DONE through the table; return every rank's batches per step.
+
+    With ``deal`` (the epoch's global order of sizes) the ``shards`` must be N
+    empty lists: each rank's shard grows as `odb.batching.deal.Dealer` deals
+    positions of ``deal`` after every round (``lead`` defaults to the window,
+    i.e. no prefetch), and batches hold positions of ``deal``.
 
     Raises ProtocolError if a policy breaks the partition contract or the table
     rejects a choice, and RuntimeError past `max_rounds` (a hang guard).
     """
     table = DGAP
     n = len(shards)
+    dealer = None
+    if deal is not None:
+        if any(len(s) for s in shards):
+            raise ValueError("with deal=..., pass N empty shards")
+        dealer = Dealer(len(deal), n, lead or window)
+        shards = [[] for _ in range(n)]
+        where: list[list[int]] = [[] for _ in range(n)]  # shard index -> position of deal
+
+        def give(parts):
+            for r, ps in enumerate(parts):
+                where[r].extend(ps)
+                shards[r].extend(deal[p] for p in ps)
+        give(dealer.start())
+        taken_cost = [0] * n
     pols = [policy() for _ in range(n)]
     cfg = {"W": window, "mode": MODES[mode], "header_len": 1 + pols[0].summary_len}
     locs = [machine.initial_local(table, cfg) for _ in range(n)]
@@ -75,6 +96,8 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
                 if name == "quit":
                     return 0
                 if name == "src_has":
+                    if dealer is not None and nxt[r] >= len(shard) and not dealer.done:
+                        raise ProtocolError(f"rank {r} ran out of dealt positions before the order was used up")
                     return nxt[r] < len(shard)
                 raise ProtocolError(f"the simulated data source was asked for unknown input {name!r}")
             while True:
@@ -82,6 +105,8 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
                 locs[r] = st.after
                 if st.effect == "fetch" and st.inputs.get("src_has"):
                     win[r].append(nxt[r])
+                    if dealer is not None:
+                        taken_cost[r] += round(cost.utilisation([shard[nxt[r]]]) * COST_SCALE)
                     nxt[r] += 1
                 if st.effect == "post":
                     t0 = time.perf_counter()
@@ -104,7 +129,11 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
             _return_and_emit(table, r, locs, win, shards[r], pols[r], cost, inputs, cfg, target, out, spent,
                              summaries)
         res.decision_s.extend(spent)
+        if dealer is not None:
+            give(dealer.deal(list(nxt), taken_cost))
     res.rounds = rounds
+    if dealer is not None:
+        res.batches = [[None if b is None else [where[r][i] for i in b] for b in row] for r, row in enumerate(out)]
     for r in range(n):
         res.unemitted[r] = list(win[r]) + list(range(nxt[r], len(shards[r])))
     return res
