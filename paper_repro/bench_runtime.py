@@ -7,7 +7,7 @@ Three figures, each printed and returned by `main(out_dir)`:
    table steps, grouping policy, queue, both threads), the policy's own share
    (summarize + propose + partition), and the wall time (which also counts
    thread hand-offs and other load on the machine).  Target: < 50 us CPU per sample.
-2. ``ms_per_round``: one header all-gather (int64[3 + S + 3W], W = 256) on a
+2. ``ms_per_round``: one header all-gather (int64[7 + S + 3W], W = 256) on a
    dedicated gloo group at 2 and 4 ranks, median over rounds.  Target: < 5 ms at 4 ranks.
 3. ``wait_fraction``: time a small training loop (`paper_repro.nets.lm.TinyLM`,
    world size 1, one preprocessing worker) waits on the loader, over its total
@@ -34,6 +34,7 @@ import torch
 
 import odb
 from odb.batching import default_policy
+from odb.runtime.engine import header_len as engine_header_len
 
 __all__ = ["main", "loader_overhead", "collective_round", "training_wait"]
 
@@ -120,7 +121,7 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, header_len
 
 
 def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> dict:
-    header_len = 3 + default_policy().summary_len + 3 * window
+    header_len = engine_header_len(default_policy().summary_len, window)
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")

@@ -243,7 +243,8 @@ def test_count_labels_shift_skips_position_zero():
 
 @pytest.mark.parametrize("kwargs, msg", [
     ({"mode": "fast"}, "mode"), ({"oversize": "drop"}, "oversize"), ({"loss_basis": "x"}, "loss_basis"),
-    ({"buffer_size": 0}, "buffer_size"), ({"timeout_s": 0}, "timeout_s"),
+    ({"buffer_size": 0}, "buffer_size"), ({"timeout_s": 0}, "timeout_s"), ({"sharding": "even"}, "sharding"),
+    ({"sharding": "dealt", "sampler": [0, 1, 2]}, "sampler="),
 ])
 def test_bad_settings_are_rejected_with_the_valid_values(kwargs, msg):
     with pytest.raises(odb.ConfigError, match=msg):
@@ -299,3 +300,20 @@ def test_the_runtime_default_collate_is_the_one_batching_pad_collate():
     assert out["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
     assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert out["input_ids"].dtype == torch.int64
+
+
+def test_dealt_sharding_on_one_rank_emits_every_sample_once_with_workers_and_resumes(tmp_path):
+    kw = dict(buffer_size=6, sharding="dealt", num_workers=2, trace_dir=str(tmp_path))
+    first = odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw)
+    it = iter(first)
+    seen = []
+    for _ in range(4):
+        seen += odb.pop_step_info(next(it)).indices
+    state = first.state_dict()
+    first.close()
+    second = odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw)
+    second.load_state_dict(state)
+    seen += [i for info in ids_of(second) for i in info.indices]
+    assert sorted(seen) == sorted(set(range(50)) - {4})
+    assert_conformant(str(tmp_path), allow_abort=True)
+    second.close()

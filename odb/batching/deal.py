@@ -10,6 +10,9 @@ Legend
     pend_r   dealt to rank r and not yet taken: ``dealt_r - taken_r``
     mu       the mean measured cost per sample so far, over all ranks
     est_r    rank r's expected total intake: ``cost_r + pend_r * mu``
+    class r  the positions ``total - 1 - (N k + r)``, k = 0, 1, ...: rank r's own
+             reserve, counted from the end of the order
+    stolen_r positions of class r that rank r took itself (cumulative)
 
 Why.  With fixed shards (DistributedSampler) every rank must process its own
 shard, so the epoch's steps are set by the costliest shard and no alignment can
@@ -30,8 +33,15 @@ the same deal and every position goes to exactly one rank):
   time to the rank with the lowest ``est_r``, so the ranks' expected totals end
   level; a rank dealt nothing more drains its window and ends, as with a
   short shard;
-* a rank whose source did end early (``dry``: it consumed every position dealt
-  to it, through drops) is dealt nothing more; the others take the rest.
+* a rank that has consumed every position dealt to it before the next deal
+  (possible only through drops) does not stop: between deals it takes the
+  next position of its own class from the end of the order, as long as that
+  position lies at or past the dealer's cursor (so nobody was dealt it and no
+  other rank can take it: classes are disjoint), and reports ``stolen_r`` in
+  its next header; every replica then skips those positions.  A rank whose
+  class is used up too is *dry*: its source ends and it is dealt nothing more.
+  If every rank is dry, every class is used up past the cursor, so nothing is
+  left: no position is ever lost or given twice.
 
 What is left uneven at the end is the unknown cost of the ``lead`` positions
 each rank holds dealt but not yet measured at the end game, about
@@ -39,8 +49,9 @@ each rank holds dealt but not yet measured at the end game, about
 shards: dealing helps when shards are much longer than the window (measured
 in ``paper_repro/results/quality_sim_*.md``).
 
-`Dealer` is pure (no torch): the runtime feeds it the gathered ``taken`` and
-``cost`` of each round; the benchmark's simulation does the same.
+`Dealer` is pure (no torch): the runtime feeds it the gathered ``taken``,
+``cost``, ``dry`` and ``stolen`` of each round; the benchmark's simulation
+feeds ``taken`` and ``cost`` (its ranks drop nothing).
 """
 
 from __future__ import annotations
@@ -60,40 +71,72 @@ class Dealer:
         if total < 0 or world < 1 or lead < 1:
             raise ValueError(f"Dealer needs total >= 0, world >= 1, lead >= 1 (got {total}, {world}, {lead})")
         self.total, self.world, self.lead = int(total), int(world), int(lead)
-        self.cursor = 0                               # next undealt position
-        self.dealt = [0] * self.world                 # positions dealt to each rank so far
-        self.closed = [False] * self.world            # the rank's source ended early: deal it nothing more
+        self.cursor = 0                               # every position before it is dealt or stolen
+        self.dealt = [0] * self.world                 # positions given to each rank so far (stolen included)
+        self.stolen = [0] * self.world                # class positions each rank took itself (as gathered)
+        self.closed = [False] * self.world            # the rank ran dry: deal it nothing more
         self.rounds = 0
+
+    # -- positions ---------------------------------------------------------------
+    def _stolen_at(self, p: int) -> bool:
+        k = self.total - 1 - p
+        return k // self.world < self.stolen[k % self.world]
+
+    def _skip(self) -> None:
+        while self.cursor < self.total and self._stolen_at(self.cursor):
+            self.cursor += 1
+
+    @property
+    def left(self) -> int:
+        """Positions neither dealt nor stolen."""
+        span = self.total - 1 - self.cursor  # class positions at or past the cursor: N k + r <= span
+        taken_back = sum(min(s, (span - r) // self.world + 1) for r, s in enumerate(self.stolen) if span >= r)
+        return self.total - self.cursor - taken_back
 
     @property
     def done(self) -> bool:
-        """Every position has been dealt."""
-        return self.cursor >= self.total
+        """Every position has been dealt or stolen."""
+        return self.left == 0
 
+    def steal_position(self, rank: int, k: int) -> int | None:
+        """The position of rank `rank`'s k-th steal (its class, from the end), or None if that one was
+        already dealt (it lies before the cursor): the rank is then dry."""
+        p = self.total - 1 - (self.world * k + rank)
+        return p if p >= self.cursor else None
+
+    # -- deals ---------------------------------------------------------------------
     def start(self) -> list[list[int]]:
         """The first deal, before any cost is known: ``lead`` each, round robin (fewer if short)."""
         out: list[list[int]] = [[] for _ in range(self.world)]
         for _ in range(self.lead):
             for r in range(self.world):
-                if self.cursor < self.total:
+                if not self.done:
                     out[r].append(self._give(r))
         return out
 
-    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None) -> list[list[int]]:
-        """One round's deal from the gathered ``taken`` counts, ``cost`` sums (ints, `COST_SCALE`)
-        and ``dry`` flags (a rank whose source already ended gets nothing more, ever)."""
+    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None,
+             stolen: Sequence[int] | None = None) -> list[list[int]]:
+        """One round's deal from the gathered ``taken`` counts, ``cost`` sums (ints, `COST_SCALE`),
+        ``dry`` flags (a rank whose source ended early gets nothing more, ever) and ``stolen``
+        counts (cumulative; module docstring)."""
         dry = [0] * self.world if dry is None else list(dry)
-        if len(taken) != self.world or len(cost) != self.world or len(dry) != self.world:
-            raise ValueError(f"deal needs {self.world} taken, cost and dry values, got "
-                             f"{len(taken)}, {len(cost)} and {len(dry)}")
+        stolen = self.stolen if stolen is None else list(stolen)
+        if not len(taken) == len(cost) == len(dry) == len(stolen) == self.world:
+            raise ValueError(f"deal needs {self.world} taken, cost, dry and stolen values, got "
+                             f"{len(taken)}, {len(cost)}, {len(dry)} and {len(stolen)}")
         for r in range(self.world):
+            if stolen[r] < self.stolen[r]:
+                raise ValueError(f"rank {r} reports {stolen[r]} stolen after {self.stolen[r]}")
+            self.dealt[r] += stolen[r] - self.stolen[r]
             if not 0 <= taken[r] <= self.dealt[r]:
-                raise ValueError(f"rank {r} reports {taken[r]} taken of {self.dealt[r]} dealt")
+                raise ValueError(f"rank {r} reports {taken[r]} taken of {self.dealt[r]} given")
             if dry[r]:
                 self.closed[r] = True
+        self.stolen = [int(v) for v in stolen]
+        self._skip()
         self.rounds += 1
         out: list[list[int]] = [[] for _ in range(self.world)]
-        left = self.total - self.cursor
+        left = self.left
         live = [r for r in range(self.world) if not self.closed[r]]
         if left == 0 or not live:
             return out
@@ -108,7 +151,7 @@ class Dealer:
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
         heap = [(cost[r] + pend[r] * mu, r) for r in live]
         heapq.heapify(heap)
-        while self.cursor < self.total:
+        while not self.done:
             est, r = heapq.heappop(heap)
             out[r].append(self._give(r))
             heapq.heappush(heap, (est + mu, r))
@@ -118,11 +161,13 @@ class Dealer:
         p = self.cursor
         self.cursor += 1
         self.dealt[r] += 1
+        self._skip()
         return p
 
     def state_dict(self) -> dict:
         return {"total": self.total, "world": self.world, "lead": self.lead, "cursor": self.cursor,
-                "dealt": list(self.dealt), "closed": list(self.closed), "rounds": self.rounds}
+                "dealt": list(self.dealt), "stolen": list(self.stolen), "closed": list(self.closed),
+                "rounds": self.rounds}
 
     def load_state_dict(self, state: dict) -> None:
         if (state["total"], state["world"]) != (self.total, self.world):
@@ -130,4 +175,5 @@ class Dealer:
                              f"not total={self.total} world={self.world}")
         self.lead, self.cursor, self.rounds = int(state["lead"]), int(state["cursor"]), int(state["rounds"])
         self.dealt = [int(v) for v in state["dealt"]]
+        self.stolen = [int(v) for v in state["stolen"]]
         self.closed = [bool(v) for v in state["closed"]]

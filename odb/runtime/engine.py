@@ -3,12 +3,15 @@
 Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
     S        the alignment policy's ``summary_len``
-    header   int64[H], H = 3 + S + 3W:
-             [st, round, n, summary(S), counts(3W)]
+    header   int64[H], H = 7 + S + 3W (`header_len`):
+             [st, round, n, summary(S), taken, cost, dry, stolen, counts(3W)]
              ``st`` and ``n`` are the table's payload (``st = in.quit``,
              ``n = buf``); ``round`` is a diagnostic slot (the engine checks
              that every rank posted the same round; the table does not read
-             it); ``counts[3k + b]`` is this rank's count b (tokens, label
+             it); ``taken, cost, dry, stolen`` feed dealt sharding (items this
+             rank's source returned this epoch, their summed cost x
+             ``COST_SCALE``, whether its key iterator ran dry, keys it took
+             itself; posted always, read only when dealing); ``counts[3k + b]`` is this rank's count b (tokens, label
              tokens, samples) of its k-th batch of the PREVIOUS round
              (k < T <= W), 0 for fillers and absent batches
     quit     the rank's stop status, the table's input ``in.quit``: OK (0);
@@ -36,6 +39,13 @@ round's all-gather, then every collective input comes from
 proposal.  ``choose`` asks the policy for ``use`` (via ``partition``) and
 ``take``.  The engine computes no target, stop or filler count itself.
 
+Dealt sharding (``deal``, a `DealtOrder`): right after each round's
+collective, every rank feeds the gathered ``taken, cost, dry, stolen`` to its replica
+of the dealer and appends its share to its source's keys (see
+`odb.batching.deal`); the deal is a function of the gathered headers only, so
+every position goes to exactly one rank.  The table is unchanged: a dealt
+source is a finite source whose length is decided online.
+
 Exact loss scaling: the batches of round r are held until the collective of
 round r+1 (or the final stop round) returns every rank's counts for them,
 then released to the consumer with their global counts (one round of
@@ -58,10 +68,18 @@ from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA
 from .info import LoaderStats, StepInfo
-from .source import Item, Source, _Failure
+from ..batching.deal import COST_SCALE
+from .source import DealtOrder, Item, Source, _Failure
 from .trace import TraceWriter
 
-__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED"]
+__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_len"]
+
+_DEAL = 4  # header ints for dealt sharding: taken, cost, dry, stolen
+
+
+def header_len(summary_len: int, W: int) -> int:
+    """Ints in one rank's header (module docstring)."""
+    return 3 + summary_len + _DEAL + 3 * W
 
 OK, CLOSED, FAILED = 0, 1, 2
 _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
@@ -100,11 +118,14 @@ class Engine:
     def __init__(self, *, group, rank: int, world_size: int, W: int, mode: int, policy, cost,
                  source: Source, oversize: str, loss_slot: int, epoch: int, stats: LoaderStats,
                  timeout_s: float, template: Callable[[], Any], trace: TraceWriter | None,
-                 queue_size: int):
+                 queue_size: int, deal: DealtOrder | None = None):
         self.group, self.rank, self.world_size = group, rank, world_size
         self.W, self.mode, self.policy, self.cost = W, mode, policy, cost
         self.S = int(policy.summary_len)
-        self.header_len = 3 + self.S + 3 * W
+        self.header_len = header_len(self.S, W)
+        self._off = 3 + self.S + _DEAL   # where counts start in a header
+        self.deal = deal
+        self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items the source returned
         self.cfg = {"W": W, "mode": mode, "header_len": self.header_len}
         self.source, self.oversize, self.loss_slot = source, oversize, loss_slot
         self.epoch, self.stats, self.timeout_s = epoch, stats, timeout_s
@@ -292,6 +313,8 @@ class Engine:
                     self.stats.oversize_skipped += 1
                     continue
             item = Item(pos, index, sample, sizes, labels)
+            if self.deal is not None:
+                self._cost_taken += round(self.cost.utilisation([sizes]) * COST_SCALE)
             if self._template is None:
                 self._template = sample
             return item
@@ -344,7 +367,9 @@ class Engine:
             # it), so post a neutral summary and let the next header carry st = FAILED.
             self._local_error(e)
             summary = [0] * self.S
-        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *self._counts]
+        deal = [self.source.pulled, self._cost_taken, int(self.source.dry),
+                0 if self.deal is None else self.deal.stolen]
+        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *deal, *self._counts]
         self._counts = [0] * (3 * self.W)
         self._enter(header)
         return {"round": self._posted - 1, "summary": summary}
@@ -393,6 +418,10 @@ class Engine:
                                 f"in round {rnd}")
         self._coll = machine.collective_inputs(DGAP, _table_headers(headers), proposal, self.cfg)
         self._gathered = self._last = headers
+        if self.deal is not None and not self.deal.done:
+            d = 3 + self.S
+            keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)))
+            self.source.extend(keys, open=not self.deal.done)
         self.stats.collective_s += time.perf_counter() - t0
 
     def _after_collect(self, s: machine.Step) -> dict:
@@ -413,7 +442,7 @@ class Engine:
     def _release(self, headers: list[list[int]]) -> None:
         """Hand the previous round's batches to the consumer with their global counts."""
         held, self._held = self._held, []
-        off = 3 + self.S
+        off = self._off
         for k, b in enumerate(held):
             g = [sum(h[off + 3 * k + j] for h in headers) for j in range(3)]
             loc = b.counts
@@ -429,6 +458,8 @@ class Engine:
     def _count_unemitted(self) -> None:
         left = [it.index for it in self._window]
         rest = self.source.remaining()
+        if self.deal is not None and self.rank == 0:  # what no rank was dealt: counted once, on rank 0
+            rest = (rest or []) + self.deal.undealt()
         self.stats.unemitted += len(left) + (len(rest) if rest else 0)
         self.stats.unemitted_indices.extend(left + (rest or []))
 

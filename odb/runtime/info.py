@@ -94,6 +94,9 @@ class LoaderStats:
     oversize_skipped: int = 0   # over the budget and skipped (oversize="skip")
     unemitted: int = 0          # QUOTA: samples left when the epoch stopped
     unemitted_indices: list = field(default_factory=list)
+    dealt: int = 0              # sharding="dealt": keys this rank was dealt (first deal included)
+    reserve_taken: int = 0      # sharding="dealt": keys it took from its own reserve between deals (drops)
+    ran_dry: int = 0            # sharding="dealt": passes in which its reserve ran out too (it ended early)
     rounds: int = 0             # header collectives completed
     wait_time_s: float = 0.0    # time the consumer waited on the loader
     collective_s: float = 0.0   # time the engine waited in header collectives (includes peers' lag)

@@ -26,14 +26,16 @@ from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
+import torch
 from torch.utils.data import IterableDataset
 
-from ..errors import ConfigError, ProtocolError, SampleError
+from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol.table import DGAP, MODES
 from ..batching.collate import pad_collate
 from .engine import CLOSED, FAILED, Batch, Engine
+from .engine import header_len as engine_header_len
 from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
-from .source import Source, shard_order
+from .source import DealtOrder, Source, shard_order
 from .trace import TraceWriter, trace_path
 
 __all__ = ["ODBDataLoader"]
@@ -141,6 +143,17 @@ class ODBDataLoader:
         forwarded to it.  Default: a ``seed + epoch`` shuffled permutation dealt round
         robin (shards differ by at most one sample; nothing repeated or dropped).
     :param shuffle: shuffle the default shard (ignored with a sampler).
+    :param sharding: how a map-style dataset without a sampler is split across ranks.
+        "fixed": each rank gets its shard up front (the default round robin above).
+        "dealt": one ``seed + epoch`` shuffled order is dealt to the ranks while the
+        epoch runs, each rank topped up as it consumes and the end dealt by measured
+        cost (``odb.batching.deal``), so the ranks' total costs end about level
+        instead of being set by the costliest fixed shard.  Nothing is moved between
+        ranks (each preprocesses what it is dealt); every index is still emitted
+        exactly once; the dealt positions ride in the header every round already
+        gathers, plus one all-gather of the yielded positions per pass (resume).
+        Needs every rank to construct its loader alike; not with ``sampler`` or an
+        IterableDataset.
     :param seed: seed of the default shuffle.
     :param num_workers: preprocessing workers of the inner DataLoader (0: in the engine thread).
     :param prefetch_factor: per worker, as in DataLoader (None: its default).
@@ -188,7 +201,7 @@ class ODBDataLoader:
     """
 
     def __init__(self, dataset, token_budget: int, collate_fn: Callable | None = None, *,
-                 sampler=None, shuffle: bool = True, seed: int = 0, num_workers: int = 0,
+                 sampler=None, shuffle: bool = True, sharding: str = "fixed", seed: int = 0, num_workers: int = 0,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  multiprocessing_context=None, worker_init_fn: Callable | None = None,
                  buffer_size: int = 256, mode: str = "pad", cost: Any = "padded", policy=None,
@@ -201,6 +214,13 @@ class ODBDataLoader:
         if iterable and sampler is not None:
             raise ConfigError("sampler= cannot be used with an IterableDataset (it yields its own stream); "
                               "drop the sampler and shard inside the dataset")
+        if sharding not in ("fixed", "dealt"):
+            raise ConfigError(f"sharding={sharding!r} is not valid; valid: ['dealt', 'fixed']")
+        if sharding == "dealt" and (iterable or sampler is not None):
+            raise ConfigError("sharding='dealt' deals one shuffled order of a map-style dataset; it cannot be "
+                              "used with " + ("an IterableDataset" if iterable else "sampler=") +
+                              " (that decides each rank's samples itself)")
+        self.sharding = sharding
         self.dataset, self.collate_fn = dataset, collate_fn or pad_collate
         self.sampler, self.shuffle, self.seed = sampler, shuffle, int(seed)
         self.buffer_size, self.mode, self.oversize, self.loss_basis = int(buffer_size), mode, oversize, loss_basis
@@ -300,6 +320,8 @@ class ODBDataLoader:
             return None
         if self.sampler is not None:
             return list(iter(self.sampler))
+        if self.sharding == "dealt":  # the global order; positions are global, dealt while the epoch runs
+            return shard_order(len(self.dataset), 0, 1, self.shuffle, self.seed, self._epoch)
         return shard_order(len(self.dataset), self.rank, self.world_size, self.shuffle, self.seed, self._epoch)
 
     # -- iteration ------------------------------------------------------------------
@@ -322,10 +344,32 @@ class ODBDataLoader:
                           "loader.stats.unemitted_indices. Use mode='pad' or 'join' to emit every sample.",
                           stacklevel=3)
 
+    def _all_done(self) -> set:
+        """Dealt sharding: the positions of this epoch yielded on ANY rank (resume), gathered."""
+        if self._group is None:
+            return set(self._done)
+        mine = _ranges(self._done)
+        every: list = [None] * self.world_size
+        # SYNC: every rank reaches this once per pass, before its engine starts (same config on every rank)
+        try:
+            torch.distributed.all_gather_object(every, mine, group=self._group)
+        except RuntimeError as e:  # gloo: timeout or a peer gone
+            raise RankFailure(f"rank {self.rank}: the start-of-pass gather of dealt sharding did not complete "
+                              f"within timeout_s={self.timeout_s}: a peer rank died, did not start this pass, or "
+                              f"was built with another sharding. gloo said: {str(e)[:300]}") from None
+        return {p for ranges in every for a, b in ranges for p in range(a, b)}
+
     def _start_engine(self) -> Engine:
         order = self._order()
-        keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in self._done]
-        self._source.start(keys, frozenset(self._done))
+        deal = None
+        if self.sharding == "dealt":
+            done = self._all_done()
+            deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in done], self.world_size, self.rank,
+                              lead=self.buffer_size + self._source.ahead + 1, stats=self.stats)
+            self._source.start(deal.first(), frozenset(), deal=deal)
+        else:
+            keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in self._done]
+            self._source.start(keys, frozenset(self._done))
         self._num_positions = -1 if order is None else len(order)
         if self.filler_sample is not None:
             template = functools.partial(lambda s: s, self.filler_sample)
@@ -336,17 +380,18 @@ class ODBDataLoader:
         trace = None
         mode = MODES[self.mode]
         if self.trace_dir is not None:
-            header_len = 3 + int(self.policy.summary_len) + 3 * self.buffer_size
+            header_len = engine_header_len(int(self.policy.summary_len), self.buffer_size)
             trace = TraceWriter(trace_path(self.trace_dir, self._loader_id, self._passes, self.rank), {
                 "table": DGAP.hash, "cfg": {"W": self.buffer_size, "mode": mode, "header_len": header_len},
                 "rank": self.rank, "world_size": self.world_size, "epoch": self._epoch, "mode": self.mode,
-                "loader": self._loader_id, "iteration": self._passes, "policy": type(self.policy).__name__})
+                "loader": self._loader_id, "iteration": self._passes, "policy": type(self.policy).__name__,
+                "sharding": self.sharding})
         self._passes += 1
         eng = Engine(group=self._group, rank=self.rank, world_size=self.world_size, W=self.buffer_size,
                      mode=mode, policy=self.policy, cost=self.cost, source=self._source,
                      oversize=self.oversize, loss_slot=LOSS_BASES[self.loss_basis], epoch=self._epoch,
                      stats=self.stats, timeout_s=self.timeout_s, template=template, trace=trace,
-                     queue_size=max(2, self.buffer_size))
+                     queue_size=max(2, self.buffer_size), deal=deal)
         self._engine, self._engine_drained = eng, False
         eng.start()
         return eng

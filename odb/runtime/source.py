@@ -25,9 +25,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from ..batching.deal import Dealer
 from ..errors import SampleError
 
-__all__ = ["Source", "Item", "default_length", "count_labels", "shard_order"]
+__all__ = ["Source", "Item", "DealtOrder", "default_length", "count_labels", "shard_order"]
 
 
 class _Failure:
@@ -127,13 +128,34 @@ class _IterFetch(IterableDataset):
 
 
 class _Keys(Sampler):
-    """Yields this epoch's ``(position, index)`` keys; reassigned per epoch (works with persistent workers)."""
+    """Yields this epoch's ``(position, index)`` keys; reassigned per epoch (works with persistent workers).
+
+    With dealt sharding (``open``) keys are appended while the epoch runs; an
+    iterator that reaches the end while more may come takes a key itself
+    (``steal``: the next of this rank's reserve class, see `odb.batching.deal`)
+    and, when there is none, has run *dry*: it ends (the rank's source is
+    exhausted) and says so in ``dry``, so the dealer deals this rank nothing
+    more.  It never blocks: the thread that pulls keys is the engine thread
+    that runs the deals.
+    """
 
     def __init__(self) -> None:
         self.keys: list = []
+        self.open = False
+        self.dry = False
+        self.steal: Callable[[], Any] | None = None
 
     def __iter__(self):
-        return iter(self.keys)
+        i = 0
+        while True:
+            if i == len(self.keys):
+                key = self.steal() if self.open and self.steal is not None else None
+                if key is None:
+                    self.dry = self.open
+                    return
+                self.keys.append(key)
+            yield self.keys[i]
+            i += 1
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -155,6 +177,48 @@ def shard_order(num_samples: int, rank: int, world_size: int, shuffle: bool, see
     else:
         perm = list(range(num_samples))
     return perm[rank::world_size]
+
+
+class DealtOrder:
+    """Dealt sharding for one epoch, replicated on every rank: the epoch's global order of
+    ``(position, index)`` keys still to emit (identical on every rank) and the `Dealer` that deals
+    them.  `first` and `deal` return this rank's share of a deal, as keys."""
+
+    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None):
+        self.keys, self.rank, self.stats = list(keys), rank, stats
+        self.dealer = Dealer(len(self.keys), world_size, lead)
+        self.stolen = 0  # keys this rank took itself (reported in its headers)
+
+    @property
+    def done(self) -> bool:
+        return self.dealer.done
+
+    def first(self) -> list[tuple[int, Any]]:
+        return self._mine(self.dealer.start())
+
+    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
+             stolen: Sequence[int]) -> list[tuple[int, Any]]:
+        return self._mine(self.dealer.deal(taken, cost, dry, stolen))
+
+    def _mine(self, parts: list[list[int]]) -> list[tuple[int, Any]]:
+        if self.stats is not None:
+            self.stats.dealt += len(parts[self.rank])
+        return [self.keys[p] for p in parts[self.rank]]
+
+    def steal(self) -> tuple[int, Any] | None:
+        """This rank's next reserve key, between deals (None: dry)."""
+        p = self.dealer.steal_position(self.rank, self.stolen)
+        if self.stats is not None:
+            self.stats.reserve_taken += p is not None
+            self.stats.ran_dry += p is None
+        if p is None:
+            return None
+        self.stolen += 1
+        return self.keys[p]
+
+    def undealt(self) -> list:
+        """Dataset indices not dealt to any rank yet."""
+        return [index for _, index in self.keys[self.dealer.cursor:]]
 
 
 class Item:
@@ -187,6 +251,8 @@ class Source:
                   worker_init_fn=worker_init_fn, pin_memory=pin_memory)
         if num_workers > 0 and prefetch_factor is not None:
             kw["prefetch_factor"] = prefetch_factor
+        # keys the inner DataLoader may pull ahead of the items it has returned (its prefetch)
+        self.ahead = num_workers * (2 if prefetch_factor is None else int(prefetch_factor))
         if num_workers > 0 and worker_timeout_s > 0:
             # A hung (not dead) worker: DataLoader raises after this long without a sample, the engine
             # turns that into a local failure, and the table's abort takes every rank out.
@@ -198,11 +264,15 @@ class Source:
         self._it: Iterator | None = None
         self._pulled = 0
 
-    def start(self, keys: Sequence[tuple[int, Any]] | None, skip: set | frozenset = frozenset()) -> None:
+    def start(self, keys: Sequence[tuple[int, Any]] | None, skip: set | frozenset = frozenset(),
+              deal: "DealtOrder | None" = None) -> None:
         """Begin an epoch over `keys` (map-style) or the whole stream minus the
-        positions in `skip` (IterableDataset: skipped items are still read)."""
+        positions in `skip` (IterableDataset: skipped items are still read).
+        With `deal`, `keys` is its first deal and more come (`extend`) while the epoch runs."""
         if self._keys is not None:
             self._keys.keys = list(keys or ())
+            self._keys.open, self._keys.dry = deal is not None and not deal.done, False
+            self._keys.steal = None if deal is None else deal.steal
         self._skip = skip if self.iterable else frozenset()
         self._pulled = 0
         self._it = iter(self._loader)
@@ -225,6 +295,21 @@ class Source:
             if item[0] not in self._skip:
                 return item
         return None
+
+    def extend(self, keys: Sequence[tuple[int, Any]], open: bool) -> None:
+        """Dealt sharding: append keys to this epoch's order; ``open=False`` once nothing more comes."""
+        self._keys.keys.extend(keys)
+        self._keys.open = bool(open)
+
+    @property
+    def dry(self) -> bool:
+        """Dealt sharding: the key iterator ended while more keys could still have been dealt."""
+        return self._keys is not None and self._keys.dry
+
+    @property
+    def pulled(self) -> int:
+        """Items received this epoch (usable or not)."""
+        return self._pulled
 
     def remaining(self) -> list | None:
         """Indices not yet pulled this epoch (None for an IterableDataset: its rest is unknown)."""
