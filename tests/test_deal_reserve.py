@@ -1,0 +1,81 @@
+"""The dealer's reserve classes (`odb.batching.deal`), driven like the runtime drives them.
+
+N replicas of `Dealer` (one per rank) see the same gathered numbers; between deals each
+rank consumes its keys, dropping some (drops do not fill its window), and when it runs
+out it takes keys from its own reserve class (`steal_position`) or runs dry.  Whatever
+the drops, every position is given to exactly one rank, every replica stays identical,
+and the epoch ends with nothing left.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from odb.batching.deal import Dealer
+
+
+def _epoch(total, world, window, drop_every, seed_bits):
+    lead = window + 1
+    reps = [Dealer(total, world, lead) for _ in range(world)]
+    keys = [[] for _ in range(world)]
+    for r, ps in enumerate(reps[0].start()):
+        keys[r] += ps
+    for d in reps[1:]:
+        d.start()
+    taken = [0] * world          # keys consumed (the header's `taken`)
+    stolen = [0] * world         # each rank's own reserve count (the header's `stolen`)
+    dry = [False] * world
+    ended = [False] * world
+    rounds = 0
+    while not all(ended) and rounds < 10 * total + 10:
+        rounds += 1
+        for r in range(world):  # FILL: consume until `window` usable keys or the source ends
+            usable = 0
+            while usable < window and not ended[r]:
+                if taken[r] == len(keys[r]):
+                    if reps[r].done:
+                        ended[r] = True
+                        break
+                    p = reps[r].steal_position(r, stolen[r])
+                    if p is None:
+                        dry[r] = ended[r] = True
+                        break
+                    stolen[r] += 1
+                    keys[r].append(p)
+                p = keys[r][taken[r]]
+                taken[r] += 1
+                if drop_every == 0 or (p * 7 + seed_bits) % drop_every:
+                    usable += 1
+        # the collective: every replica deals from the same gathered numbers
+        deals = [d.deal(taken, [3 * t for t in taken], [int(x) for x in dry], stolen) for d in reps]
+        assert all(x == deals[0] for x in deals)
+        assert len({repr(d.state_dict()) for d in reps}) == 1
+        for r, ps in enumerate(deals[0]):
+            assert not (ps and ended[r]), f"rank {r} was dealt {ps} after its source ended"
+            keys[r] += ps
+    given_out = sorted(p for ks in keys for p in ks)
+    return given_out, reps[0], dry
+
+
+@settings(max_examples=150, deadline=None)
+@given(total=st.integers(0, 120), world=st.integers(1, 5), window=st.integers(1, 6),
+       drop_every=st.sampled_from([0, 1, 2, 3, 5]), seed_bits=st.integers(0, 6))
+def test_every_position_is_given_exactly_once_whatever_the_drops(total, world, window, drop_every, seed_bits):
+    given_out, dealer, dry = _epoch(total, world, window, drop_every, seed_bits)
+    assert given_out == list(range(total))
+    assert dealer.done and dealer.left == 0
+
+
+def test_heavy_drops_use_the_reserve_and_a_dry_rank_is_dealt_nothing_more():
+    # every key dropped: each rank consumes all it is dealt, then its whole reserve class
+    given_out, dealer, dry = _epoch(60, 3, 4, 1, 0)
+    assert given_out == list(range(60))
+    assert sum(dealer.stolen) > 0 and any(dry)
+
+
+def test_a_steal_never_reaches_a_dealt_position():
+    d = Dealer(10, 2, 2)
+    d.start()                     # 0, 1, 2, 3 dealt
+    assert [d.steal_position(0, k) for k in range(4)] == [9, 7, 5, None]
+    assert [d.steal_position(1, k) for k in range(4)] == [8, 6, 4, None]
+    assert d.deal([4, 3], [1, 1], [0, 0], [2, 1]) == [[4, 6], [5]]  # 7, 8, 9 were taken by their ranks
+    assert d.done and d.left == 0
