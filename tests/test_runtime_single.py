@@ -173,7 +173,8 @@ def test_load_state_dict_is_strict_and_says_why():
     loader = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
     good = loader.state_dict()
     for change, msg in (({"seed": 1}, "seed"), ({"world_size": 2}, "world_size"), ({"rank": 1}, "another rank"),
-                        ({"extra": 0}, "unknown keys"), ({"version": 9}, "version")):
+                        ({"extra": 0}, "unknown keys"), ({"version": 9}, "version"),
+                        ({"sharding": "dealt" if good["sharding"] == "fixed" else "fixed"}, "sharding")):
         with pytest.raises(odb.ConfigError, match=msg):
             loader.load_state_dict({**good, **change})
     other = odb.ODBDataLoader(Samples(LENGTHS[:40]), 128, id_collate, buffer_size=8)

@@ -40,7 +40,7 @@ from .trace import TraceWriter, trace_path
 
 __all__ = ["ODBDataLoader"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: adds 'sharding' (positions are per rank when fixed, global when dealt)
 _OVERSIZE = ("alone", "skip", "error")
 _LOADER_IDS = itertools.count()
 
@@ -455,9 +455,12 @@ class ODBDataLoader:
 
         Samples buffered or prefetched but not yet yielded are not recorded, so a
         fresh loader given this state emits them again: across the two runs every
-        sample is emitted exactly once.  Per-rank: save each rank's own state.
+        sample is emitted exactly once.  Per-rank: save each rank's own state, and
+        load each into the same rank (with ``sharding="dealt"`` the next pass
+        gathers every rank's record, so all ranks must resume together).
         """
         return {"version": STATE_VERSION, "world_size": self.world_size, "rank": self.rank, "seed": self.seed,
+                "sharding": self.sharding,
                 "epoch": self._epoch,
                 f"rank_{self.rank}": {"done": _ranges(self._done), "complete": self._complete,
                                       "num_positions": self._num_positions}}
@@ -467,6 +470,7 @@ class ODBDataLoader:
 
         Raises ConfigError naming the mismatch: version, world size (the shards would
         change), rank (the state is another rank's), seed (the order would change),
+        sharding (positions would mean other samples),
         missing or unknown keys.
         """
         sd = dict(state)
@@ -475,7 +479,8 @@ class ODBDataLoader:
             raise ConfigError(f"state version {version!r} is not supported (this loader reads {STATE_VERSION})")
         for key, mine, why in (("world_size", self.world_size, "the per-rank shards would change"),
                                ("rank", self.rank, "this state belongs to another rank"),
-                               ("seed", self.seed, "the sample order would change")):
+                               ("seed", self.seed, "the sample order would change"),
+                               ("sharding", self.sharding, "positions would mean other samples")):
             if key not in sd:
                 raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
             got = sd.pop(key)
