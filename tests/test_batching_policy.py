@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from odb.batching import AlignmentPolicy, call_partition, check_partition, default_policy, make_cost_model, pack
-from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, fill_bucket
+from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, fill_bucket, over_slots
 from odb.errors import ProtocolError
+from paper_repro.simrank import simulate
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
 
@@ -58,7 +59,29 @@ rank_summaries = st.lists(st.tuples(st.integers(0, 64), st.booleans(), hists, st
                           min_size=1, max_size=8)
 
 
-@settings(max_examples=60, deadline=None)
+def _fill_slots(s, prof, target):
+    """Play one rank's choices for the round's slots from its summary `s`: True if it can fill
+    the `target` slots (profile `prof`, then open ones) without emitting a lone over-budget
+    sample outside an over-budget slot (the quorum's promise while data flows)."""
+    over, within = list(s[5:5 + OVER]), list(s[5 + OVER:])
+    for b in prof:
+        if b < OVER:  # its costliest own sample no costlier than the level, else it lends its fullest group
+            own = next((o for o in range(b, OVER) if over[o]), None)
+            if own is not None:
+                over[own] -= 1
+                continue
+            b = next((o for o in range(len(within)) if within[o]), None)
+            if b is None:
+                return False
+            within[b] -= 1
+        elif within[b - OVER] == 0:
+            return False
+        else:
+            within[b - OVER] -= 1
+    return sum(within) >= target - len(prof)  # open slots take groups within budget
+
+
+@settings(max_examples=80, deadline=None)
 @given(sums=rank_summaries, window=st.sampled_from([64, 255, 256, 1024]))
 def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need(sums, window):
     summaries = [_summary(*x) for x in sums]
@@ -69,12 +92,12 @@ def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_nee
     needs = [(s[4] if s[2] else s[3]) for s in live]
     need = max(1, min(needs)) if needs else 1
     if any(s[2] for s in live) or not live:
-        assert t == need  # the epoch end (or nothing left): the minimum need, as before
-    else:  # while data flows: only the slots every rank can match, unless that is under half the need
-        if window >= 256 and need >= 4:
-            need = (need + 1) // 2  # the reservoir: a large window emits the better half
-        p = len(default_policy().profile(summaries, need))
-        assert t == (p if 2 * p >= need else need) and 1 <= t <= need
+        assert t == need  # the epoch end (or nothing left): the minimum need
+        return
+    assert 1 <= t <= need
+    if all(s[3] > sum(s[5:5 + OVER]) for s in live):  # every rank holds a group within budget
+        prof = default_policy().profile(summaries, t)
+        assert all(_fill_slots(s, prof, t) for s in live)
 
 
 def test_a_large_window_carries_half_its_full_groups_while_data_flows():
@@ -86,33 +109,95 @@ def test_a_large_window_carries_half_its_full_groups_while_data_flows():
     assert default_policy().propose(ends, 256) == 8  # the epoch end: the full need, never halved
     small = [_summary(300, False, [0] * 6 + [3])] * 2
     assert default_policy().propose(small, 1024) == 3  # a need under 4 is not halved
+    over = [_summary(300, False, [0] * 4 + [2, 0, 8])] * 2  # two lone samples of 1.1-1.25 each, 8 full groups
+    assert default_policy().propose(over, 64) == 10
+    assert default_policy().propose(over, 256) == 6  # the over-budget slots are not halved: 2 + 8 / 2
+
+
+def test_the_target_is_the_matched_profile_unless_it_covers_less_than_half_the_need():
+    a, b = _summary(300, False, [0] * 6 + [8]), _summary(300, False, [0] * 7 + [8])  # 1.0 vs 0.975
+    assert default_policy().profile([a, b], 8) == [] and default_policy().propose([a, b], 64) == 8
+    c, d = _summary(300, False, [0] * 6 + [5, 3]), _summary(300, False, [0] * 6 + [4, 4])
+    assert default_policy().propose([c, d], 64) == 7  # 4 + 3 matched slots of a need of 8: the rest is carried
 
 
 @settings(max_examples=60, deadline=None)
 @given(sums=rank_summaries, target=st.integers(1, 40))
-def test_every_rank_computes_the_same_profile_and_can_fill_every_slot(sums, target):
+def test_every_rank_computes_the_same_profile_and_each_over_budget_slot_has_a_quorum(sums, target):
     summaries = [_summary(*x) for x in sums]
     prof = [default_policy().profile(summaries, target) for _ in summaries]  # one per rank
     assert all(p == prof[0] for p in prof)
     assert prof[0] == default_policy().profile(list(reversed(summaries)), target)
     p = prof[0]
     assert len(p) <= target and p == sorted(p)  # costliest bucket first
-    for s in summaries:
-        if s[1] > 0:  # every rank with data holds at least as many groups of each bucket
-            assert all(p.count(b) <= s[5 + b] for b in set(p) if b >= OVER)
-            assert p.count(0) <= sum(s[5:5 + OVER])  # over-budget slots: matched by count
-            assert not any(0 < b < OVER for b in p)
+    live = [s for s in summaries if s[1] > 0]
+    levels, own = over_slots([s[5:5 + OVER] for s in live], target)
+    assert levels == [b for b in p if b < OVER]
+    for j, lv in enumerate(levels):  # at least half the ranks with data hold a sample of that level
+        assert 2 * sum(1 for s in live if s[5 + lv]) >= len(live)
+        assert 2 * sum(o[j] for o in own) >= len(live)
+    for s, o in zip(live, own):  # a rank fills its own slots with samples no costlier than the level
+        assert o.count(True) <= sum(s[5:5 + OVER])
+        assert all(p.count(b) <= s[5 + b] for b in set(p) if b >= OVER)
 
 
-def test_over_budget_samples_are_emitted_together_once_every_rank_holds_one():
+def _step_of(sim, rank, index):
+    return next(k for k, b in enumerate(sim.batches[rank]) if b and index in b)
+
+
+def test_over_budget_samples_of_half_the_ranks_are_emitted_in_the_same_slot():
     cost = _cost("padded", 1000)
-    ws = [[(2900,), (500,), (500,), (300,)], [(1200,), (1500,), (400,), (400,), (100,)]]
+    full = [(500,), (500,), (480,), (480,), (450,), (450,), (300,)]  # 1.0, 0.96, 0.9, [300] open
+    # ranks 0 and 1 hold a sample of 1.2 (a quorum: half the ranks), rank 2 a cheaper one of 1.05, rank 3 none
+    ws = [[(1200,)] + full, full + [(1210,)], full + [(1050,)], full + [(100,)]]
     pols = [default_policy() for _ in ws]
     summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
     t = pols[0].propose(summaries, 8)
-    assert pols[0].profile(summaries, t) == [0] and t == 1  # 1.0 and 0.8 do not match; 1 slot is half the need
-    firsts = [p.partition(w, t, t, cost, summaries=summaries)[0] for p, w in zip(pols, ws)]
-    assert firsts == [[0], [1]]  # each rank's costliest over-budget sample in the first slot
+    assert t == 3 and pols[0].profile(summaries, t)[0] == fill_bucket(1.2)
+    groups = [p.partition(w, t, t, cost, summaries=summaries) for p, w in zip(pols, ws)]
+    # slot 0: the two samples, rank 2's cheaper one with them, rank 3's fullest group
+    assert [g[0] for g in groups] == [[0], [7], [7], [0, 1]]
+    assert all(len(g) == 2 for gs in groups for g in gs[1:])  # no over-budget sample in another slot
+    # through the table: the samples leave in the same step, and every sample leaves once
+    tail = [(500,)] * 8  # more data behind the window: the round is not the epoch end
+    sim = simulate([w + tail for w in ws], cost, window=8)
+    assert _step_of(sim, 0, 0) == _step_of(sim, 1, 7) == _step_of(sim, 2, 7) == 0
+    for r, w in enumerate(ws):
+        assert sorted(i for b in sim.batches[r] if b for i in b) == list(range(len(w) + len(tail)))
+
+
+def test_an_over_budget_sample_below_the_quorum_is_carried_while_data_flows_and_leaves_at_the_end():
+    cost = _cost("padded", 1000)
+    full = [(500,), (500,), (480,), (480,), (450,), (450,), (300,), (100,)]  # 3 groups within budget
+    # one rank of four holds a sample of 1.2, next to only 2 groups within budget ([500, 500], [250] x 4)
+    ws = [[(1200,), (500,), (500,), (250,), (250,), (250,), (250,), (100,)], full, full, full]
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
+    assert summaries[0][3] == 3  # closed groups, the lone sample included
+    t = pols[0].propose(summaries, 8)
+    assert t <= 2 and all(b >= OVER for b in pols[0].profile(summaries, t))  # the need leaves it out
+    assert all(0 not in g for g in pols[0].partition(ws[0], t, t, cost, summaries=summaries))
+    sim = simulate([w + [(500,)] * 8 for w in ws], cost, window=8)
+    assert _step_of(sim, 0, 0) > 0  # carried, then flushed: nothing is lost
+    assert sorted(i for b in sim.batches[0] if b for i in b) == list(range(16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.lists(st.integers(100, 1600), min_size=4, max_size=24), min_size=2, max_size=6),
+       window=st.sampled_from([64, 256]))
+def test_each_rank_emits_lone_over_budget_samples_only_in_its_own_over_budget_slots(lengths, window):
+    cost = _cost("padded", 1000)
+    ws = [[(x,) for x in w] for w in lengths]
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, False) for p, w in zip(pols, ws)]
+    t = pols[0].propose(summaries, window)
+    _, own = over_slots([s[5:5 + OVER] for s in summaries], t)
+    for p, w, s, o in zip(pols, ws, summaries, own):
+        groups = p.partition(w, t, t, cost, summaries=summaries)
+        check_partition(groups, len(w), t, w, cost)
+        emitted = sum(1 for g in groups if cost.utilisation([w[i] for i in g]) > 1)
+        if all(x[3] > sum(x[5:5 + OVER]) for x in summaries):  # no rank is forced below its need
+            assert emitted == o.count(True)
 
 
 def test_propose_rejects_a_summary_from_another_policy():
@@ -120,6 +205,8 @@ def test_propose_rejects_a_summary_from_another_policy():
         default_policy().propose([_summary(4, False, [1]), [7, 7]], 8)
     with pytest.raises(ProtocolError, match="same alignment policy"):
         default_policy().propose([[0x0DB1, 4, 0, 1, 1, 900]], 8)  # version 1 layout
+    with pytest.raises(ProtocolError, match="same alignment policy"):  # version 2: same layout, other rule
+        default_policy().propose([[0x0DB2, *_summary(4, False, [1])[1:]]], 8)
 
 
 @pytest.mark.parametrize("spec", SPECS)
