@@ -177,7 +177,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     ("id" | "bad" | "list"), break_at (step), break_rank (default: every rank), die_at (step) with
     die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
     oversize, timeout_s, state (a state_dict to load), save_at (step: return a
-    state_dict taken after that step and stop), sharding ("fixed" | "dealt").
+    state_dict taken after that step and stop), sharding ("auto" | "fixed" | "dealt").
     """
     import odb
 
@@ -186,7 +186,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     kw = dict(buffer_size=spec.get("W", 8), mode=spec.get("mode", "pad"), trace_dir=spec.get("trace_dir"),
               num_workers=spec.get("workers", 0), oversize=spec.get("oversize", "alone"),
               timeout_s=spec.get("timeout_s", 20), seed=spec.get("seed", 0),
-              multiprocessing_context=spec.get("mp_context"), sharding=spec.get("sharding", "fixed"))
+              multiprocessing_context=spec.get("mp_context"), sharding=spec.get("sharding", "auto"))
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
         ds = Stream(lengths, shards[rank])

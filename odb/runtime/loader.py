@@ -144,16 +144,16 @@ class ODBDataLoader:
         robin (shards differ by at most one sample; nothing repeated or dropped).
     :param shuffle: shuffle the default shard (ignored with a sampler).
     :param sharding: how a map-style dataset without a sampler is split across ranks.
-        "fixed": each rank gets its shard up front (the default round robin above).
         "dealt": one ``seed + epoch`` shuffled order is dealt to the ranks while the
         epoch runs, each rank topped up as it consumes and the end dealt by measured
         cost (``odb.batching.deal``), so the ranks' total costs end about level
         instead of being set by the costliest fixed shard.  Nothing is moved between
         ranks (each preprocesses what it is dealt); every index is still emitted
-        exactly once; the dealt positions ride in the header every round already
-        gathers, plus one all-gather of the yielded positions per pass (resume).
-        Needs every rank to construct its loader alike; not with ``sampler`` or an
-        IterableDataset.
+        exactly once; the deal rides in the header every round already gathers
+        (4 ints), plus one all-gather of the yielded positions per pass (resume).
+        "fixed": each rank gets its shard up front (the round robin above).
+        "auto" (default): "dealt" for a map-style dataset without ``sampler``,
+        "fixed" otherwise.  Every rank must construct its loader alike.
     :param seed: seed of the default shuffle.
     :param num_workers: preprocessing workers of the inner DataLoader (0: in the engine thread).
     :param prefetch_factor: per worker, as in DataLoader (None: its default).
@@ -201,7 +201,7 @@ class ODBDataLoader:
     """
 
     def __init__(self, dataset, token_budget: int, collate_fn: Callable | None = None, *,
-                 sampler=None, shuffle: bool = True, sharding: str = "fixed", seed: int = 0, num_workers: int = 0,
+                 sampler=None, shuffle: bool = True, sharding: str = "auto", seed: int = 0, num_workers: int = 0,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  multiprocessing_context=None, worker_init_fn: Callable | None = None,
                  buffer_size: int = 256, mode: str = "pad", cost: Any = "padded", policy=None,
@@ -214,8 +214,10 @@ class ODBDataLoader:
         if iterable and sampler is not None:
             raise ConfigError("sampler= cannot be used with an IterableDataset (it yields its own stream); "
                               "drop the sampler and shard inside the dataset")
-        if sharding not in ("fixed", "dealt"):
-            raise ConfigError(f"sharding={sharding!r} is not valid; valid: ['dealt', 'fixed']")
+        if sharding not in ("auto", "fixed", "dealt"):
+            raise ConfigError(f"sharding={sharding!r} is not valid; valid: ['auto', 'dealt', 'fixed']")
+        if sharding == "auto":
+            sharding = "fixed" if iterable or sampler is not None else "dealt"
         if sharding == "dealt" and (iterable or sampler is not None):
             raise ConfigError("sharding='dealt' deals one shuffled order of a map-style dataset; it cannot be "
                               "used with " + ("an IterableDataset" if iterable else "sampler=") +
