@@ -1,11 +1,15 @@
 """Ranks simulated through the DGAP table with the batching policies: coverage, equal steps,
-budget, and ODB's policy beats the release algorithm on the release's own long-tail mix."""
+budget, and ODB's policy beats the release algorithm on the release's own long-tail mix; with a
+dealt order (``deal=``) the same coverage, no rank running dry, and a higher straggler ceiling."""
+
+import random
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from odb.baselines import ReleasePolicy
 from odb.batching import default_policy, make_cost_model
+from odb.errors import ProtocolError
 from paper_repro.bench import metrics
 from paper_repro.distributions import sample_lengths
 from paper_repro.simrank import simulate
@@ -69,6 +73,7 @@ def test_bench_bounds_hold_for_every_method_on_a_small_point():
             assert m["steps"] >= r["shard_lower_bound"], name
             assert m["straggler_eff"] <= r["shard_token_ceiling"] + 1e-9, name  # packed: exact ceiling
             assert m["budget_use"] <= r["packed_use_ceiling"] + 1e-9, name
+    assert r["methods"]["odb_dealt"]["steps"] >= r["lower_bound"]  # dealt: only the global bound holds
 
 
 def test_at_the_epoch_end_the_costliest_leftover_groups_go_first():
@@ -109,3 +114,52 @@ def test_every_rank_receives_the_same_gathered_summaries_in_partition():
     for p in pols:  # exactly this round's posted summaries of every rank, in rank order
         for rnd, got in p.got:
             assert got == [q.posted[rnd] for q in pols]
+
+
+def _dealt_schedule(order, n, window, kind="packed", budget=2048, **kw):
+    cost = make_cost_model(kind, budget)
+    return simulate([[] for _ in range(n)], cost, window=window, deal=order, **kw), cost
+
+
+@pytest.mark.parametrize("n, window, total", [(1, 8, 50), (1, 4, 3), (3, 4, 200), (4, 16, 10), (5, 2, 0)])
+def test_a_dealt_order_is_emitted_exactly_once_in_equal_steps(n, window, total):
+    order = sample_lengths("mmmix", total, seed=n) if total else []  # (4, 16, 10): shorter than N x W
+    sim, cost = _dealt_schedule(order, n, window)
+    assert sorted(i for row in sim.batches for b in row if b for i in b) == list(range(total))
+    assert len({len(row) for row in sim.batches}) == 1
+    for row in sim.batches:
+        for b in row:
+            assert b is None or len(b) == 1 or cost.fits([order[i] for i in b])
+
+
+@settings(max_examples=25, deadline=None)
+@given(order=st.lists(st.integers(1, 3000), max_size=80), n=st.integers(1, 4), window=st.integers(1, 12),
+       extra=st.integers(0, 6), kind=st.sampled_from(["padded", "packed", "quadratic"]))
+def test_a_dealt_rank_never_runs_dry_before_the_order_is_used_up(order, n, window, extra, kind):
+    # simrank raises ProtocolError if a rank's source is empty while the dealer still holds positions
+    sizes = [(x,) for x in order]
+    sim, _ = _dealt_schedule(sizes, n, window, kind, lead=window + extra)
+    assert sorted(i for row in sim.batches for b in row if b for i in b) == list(range(len(sizes)))
+
+
+def test_a_lead_shorter_than_the_window_does_run_dry():
+    # the check above has teeth: with lead 1 a rank empties its dealt positions while filling a window of 8
+    with pytest.raises(ProtocolError, match="ran out of dealt positions"):
+        _dealt_schedule([(100,)] * 200, 2, 8, lead=1)
+
+
+def test_dealing_lifts_the_straggler_ceiling_of_imbalanced_shards():
+    n, per, rng = 4, 256, random.Random(7)
+    # rank 0's shard holds only long samples: its total is about 4x any other's
+    shards = [[(rng.randint(2000, 4000),) for _ in range(per)]] + \
+        [[(rng.randint(200, 1300),) for _ in range(per)] for _ in range(n - 1)]
+    cost = make_cost_model("packed", 8192)
+    fixed = simulate(shards, cost, window=16)
+    rows = [[None if b is None else [r * per + i for i in b] for b in row] for r, row in enumerate(fixed.batches)]
+    order = [s for sh in shards for s in sh]
+    m_fixed = metrics(rows, order, cost)
+    m_dealt = metrics(_dealt_schedule(order, n, 16, "packed", 8192)[0].batches, order, cost)
+    assert m_fixed["straggler_ceiling"] < 0.6
+    assert m_dealt["straggler_ceiling"] > m_fixed["straggler_ceiling"] + 0.3
+    assert m_dealt["straggler_eff"] > m_fixed["straggler_eff"] + 0.3
+    assert m_dealt["steps"] < m_fixed["steps"]

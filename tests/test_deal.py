@@ -1,0 +1,151 @@
+"""Dealer (dynamic sharding): every position dealt exactly once, live ranks topped up to ``lead``
+while the order lasts, deterministic, dry ranks skipped, resumable, strict about its inputs."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from odb.batching.deal import COST_SCALE, Dealer
+
+dealers = st.tuples(st.integers(0, 120), st.integers(1, 5), st.integers(1, 12))  # total, world, lead
+
+
+def _inputs(data, d: Dealer, taken: list[int], drops: bool):
+    """One round's gathered inputs: cumulative ``taken`` grows by what each rank pulls (never past
+    what it was dealt), ``cost`` is the measured sum of what it took, ``dry`` only with ``drops``."""
+    for r in range(d.world):
+        taken[r] = data.draw(st.integers(taken[r], d.dealt[r]))
+    cost = [taken[r] * data.draw(st.integers(0, 8 * COST_SCALE)) for r in range(d.world)]  # mean x count
+    dry = [data.draw(st.integers(0, 1)) if drops and taken[r] == d.dealt[r] else 0 for r in range(d.world)]
+    return list(taken), cost, dry
+
+
+def _drain(d: Dealer):
+    """Deal on, every rank having taken all it holds and none dry, until the order is used up
+    (or no rank is left to deal to); each such round must deal something, or the ranks would stall."""
+    got = []
+    while not d.done and not all(d.closed):
+        got.append(d.deal(list(d.dealt), [COST_SCALE * t for t in d.dealt]))
+        assert any(got[-1]), "positions left, live ranks empty, and nothing dealt"
+    return got
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=dealers, rounds=st.integers(0, 30), data=st.data())
+def test_every_position_is_dealt_exactly_once(shape, rounds, data):
+    d = Dealer(*shape)
+    parts = [d.start()]
+    taken = [0] * d.world
+    for _ in range(rounds):
+        parts.append(d.deal(*_inputs(data, d, taken, drops=False)))
+    parts += _drain(d)
+    flat = [p for deal in parts for ps in deal for p in ps]
+    assert sorted(flat) == list(range(shape[0]))
+    assert [sum(len(deal[r]) for deal in parts) for r in range(d.world)] == d.dealt
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=dealers, rounds=st.integers(1, 30), data=st.data())
+def test_a_top_up_leaves_every_live_rank_lead_ahead_and_the_end_game_deals_everything(shape, rounds, data):
+    d = Dealer(*shape)
+    d.start()
+    taken = [0] * d.world
+    for _ in range(rounds):
+        args = _inputs(data, d, taken, drops=True)
+        live = [r for r in range(d.world) if not (d.closed[r] or args[2][r])]
+        need = sum(max(0, d.lead - (d.dealt[r] - taken[r])) for r in live)
+        left = d.left
+        d.deal(*args)
+        if live and left > need:  # a top-up: nobody runs dry before the next deal
+            assert all(d.dealt[r] - taken[r] >= d.lead for r in live)
+        elif live:  # the end game: the rest is dealt at once
+            assert d.done
+
+
+def test_the_end_game_deals_the_rest_to_the_cheapest_rank_first():
+    d = Dealer(8, 2, 2)
+    assert d.start() == [[0, 2], [1, 3]]
+    # rank 0 measured 10 per sample, rank 1 one; mean 2.75: rank 1 stays the cheapest for all four
+    assert d.deal([2, 2], [20 * COST_SCALE, 2 * COST_SCALE]) == [[], [4, 5, 6, 7]]
+    assert d.done and d.deal([2, 6], [20 * COST_SCALE, 13 * COST_SCALE]) == [[], []]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=dealers, rounds=st.integers(0, 20), data=st.data())
+def test_identical_inputs_give_identical_deals(shape, rounds, data):
+    a, b = Dealer(*shape), Dealer(*shape)
+    assert a.start() == b.start()
+    taken = [0] * a.world
+    for _ in range(rounds):
+        args = _inputs(data, a, taken, drops=True)
+        assert a.deal(*args) == b.deal(*args)
+    assert a.state_dict() == b.state_dict()
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=dealers, rounds=st.integers(1, 20), data=st.data())
+def test_a_dry_rank_is_never_dealt_to_again(shape, rounds, data):
+    d = Dealer(*shape)
+    d.start()
+    taken = [0] * d.world
+    gone: set[int] = set()
+    for _ in range(rounds):
+        taken_now, cost, dry = _inputs(data, d, taken, drops=True)
+        gone |= {r for r in range(d.world) if dry[r]}
+        out = d.deal(taken_now, cost, dry)
+        assert not any(out[r] for r in gone)
+    # later rounds report the rank as not dry any more: it stays closed
+    for out in _drain(d):
+        assert not any(out[r] for r in gone)
+
+
+def test_a_dry_rank_leaves_the_rest_to_the_others():
+    d = Dealer(40, 3, 2)
+    d.start()  # 0..5
+    out = d.deal([2, 2, 2], [2 * COST_SCALE] * 3, [0, 1, 0])
+    assert out == [[6, 7], [], [8, 9]] and d.closed == [False, True, False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=dealers, before=st.integers(0, 10), after=st.integers(1, 10), data=st.data())
+def test_a_restored_dealer_continues_the_same_deal(shape, before, after, data):
+    a = Dealer(*shape)
+    a.start()
+    taken = [0] * a.world
+    for _ in range(before):
+        a.deal(*_inputs(data, a, taken, drops=True))
+    b = Dealer(shape[0], shape[1], 1)  # lead travels in the state
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))  # as a checkpoint would carry it
+    assert b.state_dict() == a.state_dict()
+    for _ in range(after):
+        args = _inputs(data, a, taken, drops=True)
+        assert a.deal(*args) == b.deal(*args)
+    assert b.state_dict() == a.state_dict()
+
+
+@pytest.mark.parametrize("total, world, lead", [(-1, 2, 4), (10, 0, 4), (10, 2, 0)])
+def test_a_dealer_refuses_a_bad_shape(total, world, lead):
+    with pytest.raises(ValueError, match="Dealer needs"):
+        Dealer(total, world, lead)
+
+
+@pytest.mark.parametrize("taken, cost, dry, match", [
+    ([1], [0, 0], None, "deal needs 2 taken, cost"),
+    ([1, 1], [0], None, "deal needs 2 taken, cost"),
+    ([1, 1], [0, 0], [0], "deal needs 2 taken, cost"),
+    ([3, 1], [0, 0], None, "rank 0 reports 3 taken of 2"),
+    ([1, -1], [0, 0], None, "rank 1 reports -1 taken"),
+])
+def test_a_deal_refuses_inputs_that_do_not_match_the_ranks(taken, cost, dry, match):
+    d = Dealer(10, 2, 2)
+    d.start()
+    with pytest.raises(ValueError, match=match):
+        d.deal(taken, cost, dry)
+
+
+def test_a_state_for_another_order_or_world_is_refused():
+    state = Dealer(10, 2, 2).state_dict()
+    for total, world in ((11, 2), (10, 3)):
+        with pytest.raises(ValueError, match="dealer state is for total=10 world=2"):
+            Dealer(total, world, 2).load_state_dict(state)
