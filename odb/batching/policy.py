@@ -133,6 +133,7 @@ asks for more groups than the window has: it then splits the largest groups
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Sequence
 
 from ..errors import ProtocolError
@@ -156,14 +157,13 @@ _RESERVOIR_W = 256
 _RESERVOIR_NEED = 4
 
 
+_NEG_LOWER = [-e for e in _EDGES[1:]]  # bucket b's lower edge, negated: ascending, for bisect
+
+
 def fill_bucket(fill: float) -> int:
     """Bucket of a group's fill (cost / budget), 0 the costliest: bucket b holds fills in
     ``(_EDGES[b+1], _EDGES[b]]`` thousandths; the last bucket holds 0.5 and less."""
-    milli = int(round(1000 * fill))
-    for b in range(len(_EDGES) - 1):
-        if milli > _EDGES[b + 1]:
-            return b
-    return NUM_BUCKETS - 1
+    return bisect_right(_NEG_LOWER, -int(round(1000 * fill)))
 
 
 def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], list[list[bool]]]:
@@ -263,19 +263,23 @@ class BalancedPolicy:
     summary_len = _HEAD + NUM_BUCKETS
 
     def __init__(self) -> None:
-        self._memo: tuple[tuple, object, list[Group]] | None = None
+        self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
         self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]]] | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
         """`grouping.pack` of the window (memoized for the last window)."""
+        return self._packed(window, cost)[0]
+
+    def _packed(self, window: Sequence[Sizes], cost: CostModel) -> tuple[list[Group], list[int]]:
+        """The window's groups and each group's `fill_bucket` (memoized for the last window)."""
         key = tuple(window)
         m = self._memo
         if m is not None and m[1] is cost and m[0] == key:
-            return m[2]
+            return m[2], m[3]
         g = pack(window, cost)
-        self._memo = (key, cost, g)
-        return g
+        self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g])
+        return self._memo[2], self._memo[3]
 
     def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple[list, tuple[list[int], list[list[bool]]]]:
         """The summaries of the ranks with data and their `over_slots` (any target; memoized for
@@ -307,11 +311,11 @@ class BalancedPolicy:
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
         """This rank's summary (layout in the class docstring); pure in its arguments."""
-        gs = self.groups(window, cost)
+        gs, buckets = self._packed(window, cost)
         hist = [0] * NUM_BUCKETS
-        for g in gs:
+        for g, b in zip(gs, buckets):
             if g.closed:
-                hist[fill_bucket(g.fill)] += 1
+                hist[b] += 1
         return [SUMMARY_TAG, len(window), int(bool(exhausted)), sum(hist), len(gs), *hist]
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
@@ -344,10 +348,10 @@ class BalancedPolicy:
             raise ProtocolError(f"partition asked for {real} groups from a window of {len(window)}")
         if real == 0:
             return []
-        gs = self.groups(window, cost)
+        gs, buckets = self._packed(window, cost)
         closed = [g for g in gs if g.closed]
         if real <= len(closed):
-            pick = self._pick(window, closed, real, summaries, target)
+            pick = self._pick(window, closed, [b for g, b in zip(gs, buckets) if g.closed], real, summaries, target)
             return [list(closed[k].positions) for k in pick]
         chosen = [list(g.positions) for g in gs[:real]]  # every closed group, then the open one
         while len(chosen) < real:  # more groups than the window forms: split the largest
@@ -357,19 +361,19 @@ class BalancedPolicy:
             chosen[i:i + 1] = [g[:half], g[half:]]
         return sorted(chosen, key=lambda g: -cost.utilisation([window[p] for p in g]))
 
-    def _pick(self, window: Sequence[Sizes], closed: list[Group], real: int,
+    def _pick(self, window: Sequence[Sizes], closed: list[Group], bucket: list[int], real: int,
               summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:
-        """Indices into `closed` of the `real` groups to emit, in decreasing fill."""
-        def tokens(k: int) -> int:
-            return sum(window[p][0] if window[p] else 0 for p in closed[k].positions)
-
+        """Indices into `closed` (whose fill buckets are `bucket`) of the `real` groups to emit,
+        in decreasing fill."""
         if summaries is None:
             rank = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))
             return rank[:real]
         # per bucket: fewest padding tokens first (real tokens per unit of cost), then position
         by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
-        for k in sorted(range(len(closed)), key=lambda k: (-tokens(k) / max(closed[k].fill, 1e-12), k)):
-            by_bucket[fill_bucket(closed[k].fill)].append(k)
+        tok = [s[0] if s else 0 for s in window]
+        density = [sum(map(tok.__getitem__, g.positions)) / max(g.fill, 1e-12) for g in closed]
+        for k in sorted(range(len(closed)), key=density.__getitem__, reverse=True):  # stable: ties by k
+            by_bucket[bucket[k]].append(k)
         taken: list[int] = []
         for b in self.profile(summaries, max(target, real))[:real]:
             if b < OVER:  # over-budget slot: the costliest own sample no costlier than the level, else lend
@@ -380,14 +384,15 @@ class BalancedPolicy:
                 taken.append(by_bucket[b].pop(0))
         # the slots the profile leaves open: fullest within budget first; a lone over-budget
         # sample (a step of its own cost) only when nothing else is left, cheapest first
-        if any(s[2] for s in summaries if s[1] > 0):
-            # epoch end: costliest first, so a rank holding more cost (over-budget samples
-            # carried this far) spends it while the other ranks still have batches to run
-            left = sorted((k for ks in by_bucket for k in ks), key=lambda k: (-closed[k].fill, k))
-        else:
-            left = sorted((k for ks in by_bucket for k in ks),
-                          key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
-        taken += left[:real - len(taken)]
+        if len(taken) < real:
+            rest = [k for ks in by_bucket for k in ks]
+            if any(s[2] for s in summaries if s[1] > 0):
+                # epoch end: costliest first, so a rank holding more cost (over-budget samples
+                # carried this far) spends it while the other ranks still have batches to run
+                rest.sort(key=lambda k: (-closed[k].fill, k))
+            else:
+                rest.sort(key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
+            taken += rest[:real - len(taken)]
         return sorted(taken, key=lambda k: (-closed[k].fill, k))
 
 
