@@ -264,7 +264,7 @@ class BalancedPolicy:
 
     def __init__(self) -> None:
         self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
-        self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]]] | None = None
+        self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]], dict] | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
@@ -291,8 +291,15 @@ class BalancedPolicy:
             return m[1], m[2]
         live = [s for s in key if s[1] > 0]
         slots = over_slots([s[_HEAD:_HEAD + OVER] for s in live], 1 << 30)
-        self._round = (key, live, slots)
+        self._round = (key, live, slots, {})
         return live, slots
+
+    def _profile_of(self, live: list, slots: tuple, target: int) -> list[int]:
+        """`_profile` for this round's summaries (memoized per target with the round)."""
+        memo = self._round[3]
+        if target not in memo:
+            memo[target] = _profile(live, slots, target)
+        return memo[target]
 
     def profile(self, summaries: Sequence[Sequence[int]], target: int) -> list[int]:
         """The round's shared profile: a non-increasing-cost list of fill buckets, at most
@@ -306,7 +313,7 @@ class BalancedPolicy:
         order).  Raises ProtocolError on a summary of another layout.
         """
         live, slots = self._slots(summaries)
-        return _profile(live, slots, target) if live else []
+        return list(self._profile_of(live, slots, target)) if live else []
 
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
@@ -332,7 +339,7 @@ class BalancedPolicy:
         if window >= _RESERVOIR_W and t >= _RESERVOIR_NEED:
             qt = min(len(slots[0]), t)  # the reservoir halves the ordinary slots only (module docstring)
             t = qt + (t - qt + 1) // 2
-        p = len(_profile(live, slots, t))
+        p = len(self._profile_of(live, slots, t))
         return p if 2 * p >= t else t  # a short profile would carry too much (see the module docstring)
 
     def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
