@@ -57,11 +57,23 @@ feeds ``taken`` and ``cost`` (its ranks drop nothing).
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Callable, Sequence
 
-__all__ = ["Dealer", "COST_SCALE"]
+__all__ = ["Dealer", "COST_SCALE", "sample_cost"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
+
+
+def sample_cost(cost) -> Callable[[tuple[int, ...]], int]:
+    """``sizes -> round(cost.utilisation([sizes]) * COST_SCALE)``: one sample's cost as the header
+    carries it; for a one-resource padded or packed cost, the same without the generic call."""
+    from .cost import BudgetCost
+
+    if isinstance(cost, BudgetCost) and len(cost.resources) == 1 and cost.resources[0].kind != "quadratic":
+        r = cost.resources[0]
+        i, k = r.index, COST_SCALE / r.budget
+        return lambda s: round((s[i] if i < len(s) else 0) * k)
+    return lambda s: round(cost.utilisation([s]) * COST_SCALE)
 
 
 class Dealer:
@@ -144,8 +156,7 @@ class Dealer:
         need = {r: max(0, self.lead - pend[r]) for r in live}
         if left > sum(need.values()):
             for r in live:
-                for _ in range(need[r]):
-                    out[r].append(self._give(r))
+                out[r] = self._give_many(r, need[r])
             return out
         n_taken = sum(taken)
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
@@ -156,6 +167,14 @@ class Dealer:
             out[r].append(self._give(r))
             heapq.heappush(heap, (est + mu, r))
         return out
+
+    def _give_many(self, r: int, k: int) -> list[int]:
+        if not any(self.stolen):  # nothing taken from the end yet: the next k positions in one piece
+            out = list(range(self.cursor, self.cursor + k))
+            self.cursor += k
+            self.dealt[r] += k
+            return out
+        return [self._give(r) for _ in range(k)]
 
     def _give(self, r: int) -> int:
         p = self.cursor

@@ -68,7 +68,7 @@ from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA
 from .info import LoaderStats, StepInfo
-from ..batching.deal import COST_SCALE
+from ..batching.deal import sample_cost
 from .source import DealtOrder, Item, Source, _Failure
 from .trace import TraceWriter
 
@@ -125,6 +125,7 @@ class Engine:
         self.header_len = header_len(self.S, W)
         self._off = 3 + self.S + _DEAL   # where counts start in a header
         self.deal = deal
+        self._sample_cost = sample_cost(cost)
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items the source returned
         self.cfg = {"W": W, "mode": mode, "header_len": self.header_len}
         self.source, self.oversize, self.loss_slot = source, oversize, loss_slot
@@ -314,7 +315,7 @@ class Engine:
                     continue
             item = Item(pos, index, sample, sizes, labels)
             if self.deal is not None:
-                self._cost_taken += round(self.cost.utilisation([sizes]) * COST_SCALE)
+                self._cost_taken += self._sample_cost(sizes)
             if self._template is None:
                 self._template = sample
             return item
