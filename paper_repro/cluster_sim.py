@@ -37,9 +37,14 @@ ODB additionally pays one header all-gather per round (`protocol_cost`), and
 the simulation charges it.
 
 Protocol cost: the released package all-gathers ``[slots, groups, size per
-group...]`` per rank per window, O(N * W) integers; ODB all-gathers a fixed
-header of ``header_len`` integers per rank, O(N).  `protocol_cost` gives bytes
-received per rank and a ring all-gather latency for both.
+group..., token sum per group...]`` per rank per window (exact loss scaling),
+up to ``2 + 2W`` integers per rank; ODB all-gathers its runtime header,
+``7 + S + 3W`` integers per rank (`odb.runtime.engine.header_len`: status,
+round, window size, the policy summary, the dealer's 4 ints, and 3 counts per
+batch of the previous round for exact loss scaling), a fixed shape.  Both are
+O(N * W) integers received per rank and round; ODB's is about 1.5x the
+release's worst case.  `protocol_cost` gives bytes received per rank and a
+ring all-gather latency for both.
 """
 
 from __future__ import annotations
@@ -159,11 +164,11 @@ def protocol_cost(world_size: int, window: int, header_len: int, model: StepMode
                   int_bytes: int = 8) -> dict:
     """Bytes each rank receives, and all-gather latency, for one round.
 
-    release: every rank sends [slots, groups, one size per group] with up to
-    `window` groups (its worst case: singletons), so N * (2 + window) ints.
+    release: every rank sends [slots, groups, one size and one token sum per group] with up
+    to `window` groups (its worst case: singletons), so N * (2 + 2 window) ints.
     odb: every rank sends a fixed `header_len`-int header, so N * header_len ints.
     """
-    rel = (2 + window) * int_bytes
+    rel = (2 + 2 * window) * int_bytes
     ours = header_len * int_bytes
     return {"world_size": world_size, "window": window,
             "release_bytes": world_size * rel, "odb_bytes": world_size * ours,

@@ -36,11 +36,15 @@ def test_simulate_counts_samples_fillers_and_stragglers():
     assert with_rounds["seconds"] - r["seconds"] == pytest.approx(3 * EXACT.allgather(2, 100))
 
 
-def test_protocol_cost_release_grows_with_window_ours_does_not():
-    a = cs.protocol_cost(64, 1024, 7)
-    b = cs.protocol_cost(64, 64, 7)
-    assert a["release_bytes"] == 64 * (2 + 1024) * 8 and b["release_bytes"] == 64 * (2 + 64) * 8
-    assert a["odb_bytes"] == b["odb_bytes"] == 64 * 7 * 8
+def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
+    from odb.batching import default_policy
+    from odb.runtime.engine import header_len
+
+    for w in (64, 1024):
+        h = header_len(default_policy().summary_len, w)
+        p = cs.protocol_cost(64, w, h)
+        assert h == 7 + default_policy().summary_len + 3 * w  # the header the engine posts
+        assert p["release_bytes"] == 64 * (2 + 2 * w) * 8 and p["odb_bytes"] == 64 * h * 8
 
 
 def test_standard_plan_deals_every_sample_once_with_equal_steps():
