@@ -251,15 +251,16 @@ def decision_microbench(world: int = 64, window: int = 1024, reps: int = 50) -> 
     return out
 
 
-def grid(full: bool) -> list[tuple]:
+def grid(full: bool, worlds: tuple[int, ...] | None = None) -> list[tuple]:
     """The default grid (1 to 3 minutes on 2 cores, by their load): every distribution, N in 2, 8, 16,
     W in 64, 256, 1024, (8192, padded), (16384, padded), (8192, packed), ``max(2 W, 1024)``
-    samples per rank.  ``full``: N in 2, 8, 64, both budgets x both costs, ``max(8 W, 4096)``."""
+    samples per rank.  ``full``: N in 2, 8, 64, both budgets x both costs, ``max(8 W, 4096)``.
+    ``worlds`` replaces the world sizes (e.g. ``(64,)``: the default grid's points at 64 ranks)."""
     cfgs = []
     combos = [(b, k) for b in (8192, 16384) for k in ("padded", "packed")] if full else \
         [(8192, "padded"), (16384, "padded"), (8192, "packed")]
     for dist in DISTRIBUTIONS:
-        for world in ((2, 8, 64) if full else (2, 8, 16)):
+        for world in (worlds or ((2, 8, 64) if full else (2, 8, 16))):
             for window in (64, 256, 1024):
                 per_rank = max(8 * window, 4096) if full else max(2 * window, 1024)
                 for budget, kind in combos:
@@ -279,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated distributions to run (default: all)")
     ap.add_argument("--out", default=str(RESULTS), help="output folder")
     ap.add_argument("--no-runtime", action="store_true", help="skip the runtime-overhead part (bench_runtime)")
+    ap.add_argument("--worlds", default="", help="comma-separated world sizes replacing the grid's (e.g. 64)")
+    ap.add_argument("--name", default="", help="output file stem quality_sim_<name>_<yyyymm> (default: no name)")
     ap.add_argument("--release-python", default="", help="python of a venv holding online-dynamic-batching 0.1.2: "
                     "also measure the released package itself at RELEASE_POINTS")
     a = ap.parse_args(argv)
-    cfgs = grid(a.full)
+    cfgs = grid(a.full, tuple(int(w) for w in a.worlds.split(",")) if a.worlds else None)
     if a.only:
         keep = set(a.only.split(","))
         cfgs = [c for c in cfgs if c[0] in keep]
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
               "results": results}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"quality_sim_{time.strftime('%Y%m')}"
+    stem = f"quality_sim_{a.name + '_' if a.name else ''}{time.strftime('%Y%m')}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     (out / f"{stem}.md").write_text(render(report))
     print((out / f"{stem}.md").read_text())
