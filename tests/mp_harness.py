@@ -220,3 +220,15 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     out.update(steps=steps, stats=loader.stats.as_dict())
     loader.close()
     return out
+
+
+def build_and_run(rank: int, world_size: int, kwargs_per_rank: list) -> int:
+    """Construct an ODBDataLoader with this rank's kwargs (a map-style dataset of 60 samples) and
+    run one epoch; returns the batches seen."""
+    import odb
+
+    loader = odb.ODBDataLoader(Samples(make_lengths(60, seed=1, lo=2, hi=40)), 128, id_collate, timeout_s=5,
+                               **kwargs_per_rank[rank])
+    n = sum(1 for _ in loader)
+    loader.close()
+    return n

@@ -16,7 +16,7 @@ import pytest
 from odb.protocol import DGAP
 from proofs.conformance import assert_conformant
 
-from mp_harness import make_lengths, run_ranks, scenario
+from mp_harness import build_and_run, make_lengths, run_ranks, scenario
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +92,15 @@ def test_quota_stops_all_ranks_together_and_reports_the_unemitted(tmp_path):
     assert sum(v["stats"]["unemitted"] for v in values) == len(left) > 0
     assert sorted(out + left) == list(range(62))
     conform(tmp_path)
+
+
+@pytest.mark.parametrize("differs, name", [({"sharding": "fixed"}, "sharding"), ({"buffer_size": 4}, "buffer_size"),
+                                            ({"seed": 7}, "seed"), ({"mode": "join"}, "mode")])
+def test_ranks_that_build_their_loaders_differently_all_get_a_config_error(tmp_path, differs, name):
+    base = {"buffer_size": 8, "sharding": "dealt"}
+    res = run_ranks(build_and_run, 2, tmp_path, args=([base, {**base, **differs}],), timeout_s=60)
+    assert [r.error_type for r in res] == ["ConfigError", "ConfigError"], [(r.status, r.error) for r in res]
+    assert all(name in r.error for r in res)
 
 
 def test_four_ranks_pad_with_a_window_of_two(tmp_path):

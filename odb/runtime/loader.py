@@ -22,6 +22,7 @@ import functools
 import itertools
 import time
 import warnings
+import zlib
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -32,6 +33,7 @@ from torch.utils.data import IterableDataset
 from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol.table import DGAP, MODES
 from ..batching.collate import pad_collate
+from ..batching.cost import BudgetCost
 from .engine import CLOSED, FAILED, Batch, Engine
 from .engine import header_len as engine_header_len
 from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
@@ -112,6 +114,10 @@ class _Pass:
             self._stop(CLOSED)
         except Exception:
             pass
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
 
 
 def _ranges(positions: set) -> list[list[int]]:
@@ -233,6 +239,7 @@ class ODBDataLoader:
         self.cost, self.policy = self._make_policy(cost, policy, token_budget)
         self.token_budget = token_budget
         self.rank, self.world_size, self._group = self._make_group(process_group)
+        self._agree(dataset)
         self._source = Source(dataset, length_fn=length_fn, num_workers=num_workers,
                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                               multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
@@ -300,6 +307,34 @@ class ODBDataLoader:
             # SYNC: every member of process_group must construct its loaders in the same order
             group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
         return rank, world_size, group
+
+    def _agree(self, dataset) -> None:
+        """Every rank must build this loader alike: one fixed-shape all-gather of the settings the
+        ranks must share, so a mismatch is a ConfigError on every rank (naming the settings and
+        each rank's value) instead of a collective of another shape aborting a process later."""
+        if self._group is None:
+            return
+        cost = repr(self.cost) if isinstance(self.cost, BudgetCost) else type(self.cost).__qualname__
+        mine = {"buffer_size": self.buffer_size, "mode": MODES[self.mode], "sharding": self.sharding == "dealt",
+                "header ints": engine_header_len(int(self.policy.summary_len), self.buffer_size),
+                "policy": _crc(type(self.policy).__qualname__), "cost": _crc(cost), "shuffle": self.shuffle,
+                "seed": _crc(str(self.seed)), "len(dataset)": -1 if isinstance(dataset, IterableDataset) else
+                len(dataset), "loss_basis": LOSS_BASES[self.loss_basis]}
+        send = torch.tensor([int(v) for v in mine.values()], dtype=torch.int64)
+        every = [torch.empty_like(send) for _ in range(self.world_size)]
+        try:
+            # SYNC: every rank reaches this once per loader, right after creating its group
+            torch.distributed.all_gather(every, send, group=self._group)
+        except RuntimeError as e:  # gloo: timeout or a peer gone
+            raise RankFailure(f"rank {self.rank}: the construction check of ODBDataLoader did not complete within "
+                              f"timeout_s={self.timeout_s}: a peer rank died or did not construct its loader. "
+                              f"gloo said: {str(e)[:300]}") from None
+        rows = [t.tolist() for t in every]
+        bad = [(name, [row[j] for row in rows]) for j, name in enumerate(mine) if len({row[j] for row in rows}) > 1]
+        if bad:
+            what = "; ".join(f"{name}: {vals} by rank" for name, vals in bad)
+            raise ConfigError(f"rank {self.rank}: the ranks built this ODBDataLoader differently ({what}); every "
+                              "rank must pass the same settings (and a dataset of the same length)")
 
     # -- epochs and order --------------------------------------------------------
     @property
