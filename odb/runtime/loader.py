@@ -315,11 +315,14 @@ class ODBDataLoader:
         if self._group is None:
             return
         cost = repr(self.cost) if isinstance(self.cost, BudgetCost) else type(self.cost).__qualname__
+        # the default order (no sampler, map-style) is built on every rank from these three; with a
+        # sampler or an IterableDataset each rank brings its own samples, so they need not agree
+        own_order = self.sampler is None and not isinstance(dataset, IterableDataset)
         mine = {"buffer_size": self.buffer_size, "mode": MODES[self.mode], "sharding": self.sharding == "dealt",
                 "header ints": engine_header_len(int(self.policy.summary_len), self.buffer_size),
-                "policy": _crc(type(self.policy).__qualname__), "cost": _crc(cost), "shuffle": self.shuffle,
-                "seed": _crc(str(self.seed)), "len(dataset)": -1 if isinstance(dataset, IterableDataset) else
-                len(dataset), "loss_basis": LOSS_BASES[self.loss_basis]}
+                "policy": _crc(type(self.policy).__qualname__), "cost": _crc(cost),
+                "shuffle": self.shuffle if own_order else 0, "seed": _crc(str(self.seed)) if own_order else 0,
+                "len(dataset)": len(dataset) if own_order else 0, "loss_basis": LOSS_BASES[self.loss_basis]}
         send = torch.tensor([int(v) for v in mine.values()], dtype=torch.int64)
         every = [torch.empty_like(send) for _ in range(self.world_size)]
         try:
