@@ -77,5 +77,10 @@ def test_a_steal_never_reaches_a_dealt_position():
     d.start()                     # 0, 1, 2, 3 dealt
     assert [d.steal_position(0, k) for k in range(4)] == [9, 7, 5, None]
     assert [d.steal_position(1, k) for k in range(4)] == [8, 6, 4, None]
+    d2 = Dealer(10, 2, 2)
+    d2.start()
+    d2.deal([2, 2], [1, 1], [0, 0], [1, 0])  # rank 0 took 9; needs are met from 4 on
+    assert 9 not in d2.undealt() and d2.undealt() == [p for p in range(d2.cursor, 9)]
     assert d.deal([4, 3], [1, 1], [0, 0], [2, 1]) == [[4, 6], [5]]  # 7, 8, 9 were taken by their ranks
+    assert d.undealt() == []
     assert d.done and d.left == 0

@@ -105,6 +105,10 @@ class Dealer:
         taken_back = sum(min(s, (span - r) // self.world + 1) for r, s in enumerate(self.stolen) if span >= r)
         return self.total - self.cursor - taken_back
 
+    def undealt(self) -> list[int]:
+        """The positions neither dealt nor stolen, in order."""
+        return [p for p in range(self.cursor, self.total) if not self._stolen_at(p)]
+
     @property
     def done(self) -> bool:
         """Every position has been dealt or stolen."""
@@ -122,7 +126,7 @@ class Dealer:
         out: list[list[int]] = [[] for _ in range(self.world)]
         for _ in range(self.lead):
             for r in range(self.world):
-                if not self.done:
+                if self.cursor < self.total:  # nothing is stolen before the first deal
                     out[r].append(self._give(r))
         return out
 
@@ -162,7 +166,7 @@ class Dealer:
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
         heap = [(cost[r] + pend[r] * mu, r) for r in live]
         heapq.heapify(heap)
-        while not self.done:
+        for _ in range(left):  # each give takes one position neither dealt nor stolen
             est, r = heapq.heappop(heap)
             out[r].append(self._give(r))
             heapq.heappush(heap, (est + mu, r))

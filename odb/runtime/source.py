@@ -218,7 +218,7 @@ class DealtOrder:
 
     def undealt(self) -> list:
         """Dataset indices not dealt to any rank yet."""
-        return [index for _, index in self.keys[self.dealer.cursor:]]
+        return [self.keys[p][1] for p in self.dealer.undealt()]
 
 
 class Item:
