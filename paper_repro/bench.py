@@ -72,18 +72,13 @@ from .distributions import DISTRIBUTIONS, describe, sample_lengths
 from .simrank import simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# The released package itself (not the re-implementation): what was checked, by hand, outside
-# this benchmark (nothing is downloaded at run time).  Rendered into the results file.
+# Rendered when this run did not measure the released package itself (no --release-python).
 RELEASE_PACKAGE_NOTE = (
-    "The released package exists: `pip download --no-deps online-dynamic-batching==0.1.2` fetched "
-    "online_dynamic_batching-0.1.2-py3-none-any.whl (56 kB; Requires-Dist torch>=2.0; import name `odb`, "
-    "which collides with ours). It installs and imports in a separate venv that borrows the main venv's "
-    "torch 2.13.0+cpu through a .pth file (no torch download, no conflict). It is NOT measured here: its "
-    "`odb.grouping.grouping_data` calls `torch.distributed.all_gather_into_tensor` on a real process group "
-    "and is driven by its DataLoader worker loop (`collate.py`: `idx_budget` = the prefetch slots, "
-    "overflow recycled, groups shuffled before emission), so a faithful measurement needs an N-process "
-    "gloo driver of that loop (simulating the collective in one process would mean patching torch). "
-    "The `release` columns are therefore the RE-IMPLEMENTATION from FACTS.md section 2.")
+    "Not measured in this run. The released package (online-dynamic-batching 0.1.2, 56 kB wheel, import "
+    "name `odb`, which collides with ours) installs in a separate venv that borrows the main venv's torch "
+    "through a .pth file (recipe in the `paper_repro.bench` docstring); `--release-python <venv>/bin/python` "
+    "then runs its own `grouping_data` on N gloo ranks through `paper_repro/release_driver.py` at "
+    "RELEASE_POINTS. The `release` columns below are the RE-IMPLEMENTATION from FACTS.md section 2.")
 TARGETS = {"straggler_eff": 0.97, "singletons_avoid": 0.02, "vs_gmt_256": 1.10, "vs_gmt_1024": 1.05,
            "packed_budget_use": 0.95, "decision_ms_1024": 1.0}
 
