@@ -183,20 +183,25 @@ def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], l
     held = [list(h) for h in over]
     for lv in range(OVER):
         # slots of this level: as many as the k-th largest holding of it (the quorum holds that long)
-        n = min(sorted((h[lv] for h in held), reverse=True)[k - 1], target - len(levels))
+        col = [h[lv] for h in held]
+        col.sort(reverse=True)
+        n = min(col[k - 1], target - len(levels))
         if n <= 0:
             continue
         levels += [lv] * n
+        mine, lend = [True] * n, [False] * n
         for h, o in zip(held, own):  # own samples of this level first, then cheaper ones, then lend
-            left = n
-            for b in range(lv, OVER):
-                if h[b] >= left:
-                    h[b] -= left
+            left, b = n, lv
+            while left and b < OVER:
+                hb = h[b]
+                if hb >= left:
+                    h[b] = hb - left
                     left = 0
-                    break
-                left -= h[b]
-                h[b] = 0
-            o += [True] * (n - left) + [False] * left
+                else:
+                    left -= hb
+                    h[b] = 0
+                    b += 1
+            o += mine if not left else mine[:n - left] + lend[:left]
     return levels, own
 
 
@@ -228,12 +233,15 @@ def _profile(live: Sequence[Sequence[int]], slots: tuple[list[int], list[list[bo
 def _fillable(within: int, own: Sequence[bool]) -> int:
     """Slots a rank holding `within` closed groups within budget fills without emitting an
     over-budget sample outside its over-budget slots (``own``: see `over_slots`)."""
-    lent = 0
-    for j, o in enumerate(own):
-        lent += not o
-        if lent > within:
-            return j
-    return len(own) + within - lent
+    lent = len(own) - sum(own)
+    if lent <= within:  # every lent slot is covered: all of them, then `within - lent` more
+        return len(own) + within - lent
+    for j, o in enumerate(own):  # the slot where the lent groups run out
+        if not o:
+            within -= 1
+            if within < 0:
+                return j
+    return len(own)  # not reached: lent > within means some slot runs out
 
 
 def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
