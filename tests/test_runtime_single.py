@@ -153,17 +153,24 @@ def test_persistent_workers_serve_two_epochs_with_different_orders():
     assert sorted(a) == sorted(b) == list(range(50)) and a != b
 
 
-def test_resume_in_a_fresh_loader_emits_every_sample_exactly_once():
-    first = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+def resumed(make, steps):
+    """Indices seen by `steps` batches of ``make()``, then by a fresh ``make()`` resumed from its
+    state to the end of the epoch; returns (indices, the second loader)."""
+    first = make()
     it = iter(first)
     seen = []
-    for _ in range(5):
+    for _ in range(steps):
         seen += odb.pop_step_info(next(it)).indices
     state = first.state_dict()
     first.close()
-    second = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+    second = make()
     second.load_state_dict(state)
     seen += [i for info in ids_of(second) for i in info.indices]
+    return seen, second
+
+
+def test_resume_in_a_fresh_loader_emits_every_sample_exactly_once():
+    seen, second = resumed(lambda: odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8), 5)
     assert sorted(seen) == list(range(50))
     second.set_epoch(1)
     assert sorted(i for info in ids_of(second) for i in info.indices) == list(range(50))
@@ -305,16 +312,7 @@ def test_the_runtime_default_collate_is_the_one_batching_pad_collate():
 
 def test_dealt_sharding_on_one_rank_emits_every_sample_once_with_workers_and_resumes(tmp_path):
     kw = dict(buffer_size=6, sharding="dealt", num_workers=2, trace_dir=str(tmp_path))
-    first = odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw)
-    it = iter(first)
-    seen = []
-    for _ in range(4):
-        seen += odb.pop_step_info(next(it)).indices
-    state = first.state_dict()
-    first.close()
-    second = odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw)
-    second.load_state_dict(state)
-    seen += [i for info in ids_of(second) for i in info.indices]
+    seen, second = resumed(lambda: odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw), 4)
     assert sorted(seen) == sorted(set(range(50)) - {4})
     assert_conformant(str(tmp_path), allow_abort=True)
     second.close()

@@ -59,16 +59,17 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
+from .base import CostModel, Sizes
+from .cost import BudgetCost
+
 __all__ = ["Dealer", "COST_SCALE", "sample_cost"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
 
-def sample_cost(cost) -> Callable[[tuple[int, ...]], int]:
+def sample_cost(cost: CostModel) -> Callable[[Sizes], int]:
     """``sizes -> round(cost.utilisation([sizes]) * COST_SCALE)``: one sample's cost as the header
     carries it; for a one-resource padded or packed cost, the same without the generic call."""
-    from .cost import BudgetCost
-
     if isinstance(cost, BudgetCost) and len(cost.resources) == 1 and cost.resources[0].kind != "quadratic":
         r = cost.resources[0]
         i, k = r.index, COST_SCALE / r.budget

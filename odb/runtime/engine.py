@@ -11,7 +11,8 @@ Legend
              it); ``taken, cost, dry, stolen`` feed dealt sharding (items this
              rank's source returned this epoch, their summed cost x
              ``COST_SCALE``, whether its key iterator ran dry, keys it took
-             itself; posted always, read only when dealing); ``counts[3k + b]`` is this rank's count b (tokens, label
+             itself; posted always, read only when dealing);
+             ``counts[3k + b]`` is this rank's count b (tokens, label
              tokens, samples) of its k-th batch of the PREVIOUS round
              (k < T <= W), 0 for fillers and absent batches
     quit     the rank's stop status, the table's input ``in.quit``: OK (0);
@@ -420,7 +421,7 @@ class Engine:
         self._coll = machine.collective_inputs(DGAP, _table_headers(headers), proposal, self.cfg)
         self._gathered = self._last = headers
         if self.deal is not None and not self.deal.done:
-            d = 3 + self.S
+            d = self._off - _DEAL
             keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)))
             self.source.extend(keys, open=not self.deal.done)
         self.stats.collective_s += time.perf_counter() - t0

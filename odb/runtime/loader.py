@@ -308,6 +308,14 @@ class ODBDataLoader:
             group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
         return rank, world_size, group
 
+    def _gather(self, what: str, absent: str, call: Callable[[], Any]) -> None:
+        """Run one loader-level collective; a gloo error (timeout, a peer gone) becomes RankFailure."""
+        try:
+            call()
+        except RuntimeError as e:
+            raise RankFailure(f"rank {self.rank}: {what} did not complete within timeout_s={self.timeout_s}: a "
+                              f"peer rank died or {absent}. gloo said: {str(e)[:300]}") from None
+
     def _agree(self, dataset) -> None:
         """Every rank must build this loader alike: one fixed-shape all-gather of the settings the
         ranks must share, so a mismatch is a ConfigError on every rank (naming the settings and
@@ -325,13 +333,9 @@ class ODBDataLoader:
                 "len(dataset)": len(dataset) if own_order else 0, "loss_basis": LOSS_BASES[self.loss_basis]}
         send = torch.tensor([int(v) for v in mine.values()], dtype=torch.int64)
         every = [torch.empty_like(send) for _ in range(self.world_size)]
-        try:
-            # SYNC: every rank reaches this once per loader, right after creating its group
-            torch.distributed.all_gather(every, send, group=self._group)
-        except RuntimeError as e:  # gloo: timeout or a peer gone
-            raise RankFailure(f"rank {self.rank}: the construction check of ODBDataLoader did not complete within "
-                              f"timeout_s={self.timeout_s}: a peer rank died or did not construct its loader. "
-                              f"gloo said: {str(e)[:300]}") from None
+        # SYNC: every rank reaches this once per loader, right after creating its group
+        self._gather("the construction check of ODBDataLoader", "did not construct its loader",
+                     lambda: torch.distributed.all_gather(every, send, group=self._group))
         rows = [t.tolist() for t in every]
         bad = [(name, [row[j] for row in rows]) for j, name in enumerate(mine) if len({row[j] for row in rows}) > 1]
         if bad:
@@ -391,12 +395,8 @@ class ODBDataLoader:
         mine = _ranges(self._done)
         every: list = [None] * self.world_size
         # SYNC: every rank reaches this once per pass, before its engine starts (same config on every rank)
-        try:
-            torch.distributed.all_gather_object(every, mine, group=self._group)
-        except RuntimeError as e:  # gloo: timeout or a peer gone
-            raise RankFailure(f"rank {self.rank}: the start-of-pass gather of dealt sharding did not complete "
-                              f"within timeout_s={self.timeout_s}: a peer rank died, did not start this pass, or "
-                              f"was built with another sharding. gloo said: {str(e)[:300]}") from None
+        self._gather("the start-of-pass gather of dealt sharding", "did not start this pass",
+                     lambda: torch.distributed.all_gather_object(every, mine, group=self._group))
         return {p for ranges in every for a, b in ranges for p in range(a, b)}
 
     def _start_engine(self) -> Engine:
