@@ -36,8 +36,18 @@ verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs
 verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=10 at D<=1, N<=7 at D<=2); adds its figures to the report
 	$(BIN)/python -m proofs verify --deep
 
-bench: $(VENV)/.stamp-all  ## batching quality + runtime overhead; writes paper_repro/results/
-	$(BIN)/python -m paper_repro.bench
+# The paper's released package (online-dynamic-batching 0.1.2; its import name `odb` collides with
+# ours) in a venv of its own that borrows .venv's torch through a .pth file, for `make bench`.
+REL := .venv-release
+$(REL)/.stamp: $(VENV)/.stamp-all
+	$(PY) -m venv $(REL)
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(REL)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_main_venv.pth"
+	$(REL)/bin/python -m pip --disable-pip-version-check install -q --no-deps online-dynamic-batching==0.1.2
+	touch $@
+
+bench: $(VENV)/.stamp-all $(REL)/.stamp  ## batching quality (ours, the baselines and the released package) + runtime overhead
+	$(BIN)/python -m paper_repro.bench --release-python $(REL)/bin/python
 
 repro: $(VENV)/.stamp-all  ## the paper's benchmarks on this machine (< 15 min on 2 cores)
 	$(BIN)/python -m paper_repro.repro
@@ -46,4 +56,4 @@ repro-full: $(VENV)/.stamp-all  ## the larger grid
 	$(BIN)/python -m paper_repro.repro --full
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(REL) build *.egg-info .pytest_cache .hypothesis

@@ -13,7 +13,7 @@ fixed shards' ceiling (below) does not bind it.  The Markdown shows ``odb`` as
 "fixed" and ``odb_dealt`` as "dealt".
 
 Grid (default, see `grid`): distributions matched to the paper's CVs plus the
-release's long-tail mix (`paper_repro.distributions`), world sizes 2, 8, 16,
+release's long-tail mix (`paper_repro.distributions`), world sizes 2, 8, 16, 64,
 windows (buffers, per rank) 64, 256, 1024, (budget, cost) in (8192, padded),
 (16384, padded), (8192, packed); ``max(2 W, 1024)`` samples per rank.
 ``--full``: N up to 64, both budgets with both costs, ``max(8 W, 4096)``.
@@ -24,7 +24,8 @@ ours).  A recipe that downloads no torch: ``python -m venv V``; write the main v
 site-packages path into ``V/lib/python3.X/site-packages/main_venv.pth``;
 ``V/bin/pip install --no-deps online_dynamic_batching-0.1.2-py3-none-any.whl``.
 `measure_release_package` then runs ``paper_repro/release_driver.py`` at
-`RELEASE_POINTS` (N gloo processes each; a failure is reported, not raised).
+`release_points()` (N gloo processes each; a failure is reported, not raised).
+``make bench`` builds that venv as ``.venv-release`` (the Makefile's recipe) and passes it.
 
 Metrics (per method):
     steps              optimizer steps (one batch per rank each)
@@ -78,7 +79,7 @@ RELEASE_PACKAGE_NOTE = (
     "name `odb`, which collides with ours) installs in a separate venv that borrows the main venv's torch "
     "through a .pth file (recipe in the `paper_repro.bench` docstring); `--release-python <venv>/bin/python` "
     "then runs its own `grouping_data` on N gloo ranks through `paper_repro/release_driver.py` at "
-    "RELEASE_POINTS. The `release` columns below are the RE-IMPLEMENTATION from FACTS.md section 2.")
+    "`release_points()`. The `release` columns below are the RE-IMPLEMENTATION from FACTS.md section 2.")
 TARGETS = {"straggler_eff": 0.97, "singletons_avoid": 0.02, "vs_gmt_256": 1.10, "vs_gmt_1024": 1.05,
            "packed_budget_use": 0.95, "decision_ms_1024": 1.0}
 
@@ -181,7 +182,14 @@ def run_config(dist: str, world: int, window: int, budget: int, kind: str, per_r
     return out
 
 
-RELEASE_POINTS = [(d, n, 256, 8192, "padded", 1024) for d in ("release", "sharegpt4o") for n in (2, 8)]
+def release_points(worlds: Sequence[int] = (2, 8)) -> list[tuple]:
+    """Where `--release-python` runs the released package: every padded point of the default grid
+    at world sizes `worlds` (its budget is padded tokens), plus 16 ranks at W = 256, B = 8192.
+    Each point starts N gloo processes that import torch, so 64 ranks is left out on 2 cores
+    (measured: 3 s a point at N = 2, 8 s at N = 8, 20 s at N = 16)."""
+    pts = [c for c in grid(False, tuple(worlds)) if c[4] == "padded"]
+    pts += [c for c in grid(False, (16,)) if c[4] == "padded" and c[2] == 256 and c[3] == 8192]
+    return sorted(pts, key=lambda c: (c[0], c[1], c[2], c[3]))
 
 
 def measure_release_package(python: str, dist: str, world: int, window: int, budget: int, kind: str,
@@ -247,7 +255,7 @@ def decision_microbench(world: int = 64, window: int = 1024, reps: int = 50) -> 
 
 
 def grid(full: bool, worlds: tuple[int, ...] | None = None) -> list[tuple]:
-    """The default grid (1 to 3 minutes on 2 cores, by their load): every distribution, N in 2, 8, 16,
+    """The default grid (about 3 minutes on 2 idle cores): every distribution, N in 2, 8, 16, 64,
     W in 64, 256, 1024, (8192, padded), (16384, padded), (8192, packed), ``max(2 W, 1024)``
     samples per rank.  ``full``: N in 2, 8, 64, both budgets x both costs, ``max(8 W, 4096)``.
     ``worlds`` replaces the world sizes (e.g. ``(64,)``: the default grid's points at 64 ranks)."""
@@ -255,7 +263,7 @@ def grid(full: bool, worlds: tuple[int, ...] | None = None) -> list[tuple]:
     combos = [(b, k) for b in (8192, 16384) for k in ("padded", "packed")] if full else \
         [(8192, "padded"), (16384, "padded"), (8192, "packed")]
     for dist in DISTRIBUTIONS:
-        for world in (worlds or ((2, 8, 64) if full else (2, 8, 16))):
+        for world in (worlds or ((2, 8, 64) if full else (2, 8, 16, 64))):
             for window in (64, 256, 1024):
                 per_rank = max(8 * window, 4096) if full else max(2 * window, 1024)
                 for budget, kind in combos:
@@ -278,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default="", help="comma-separated world sizes replacing the grid's (e.g. 64)")
     ap.add_argument("--name", default="", help="output file stem quality_sim_<name>_<yyyymm> (default: no name)")
     ap.add_argument("--release-python", default="", help="python of a venv holding online-dynamic-batching 0.1.2: "
-                    "also measure the released package itself at RELEASE_POINTS")
+                    "also measure the released package itself at release_points() (make bench does)")
     a = ap.parse_args(argv)
     cfgs = grid(a.full, tuple(int(w) for w in a.worlds.split(",")) if a.worlds else None)
     if a.only:
@@ -290,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     micro = decision_microbench()
     released = []
-    for pt in (RELEASE_POINTS if a.release_python else []):
+    pts = release_points() if a.release_python else []
+    for i, pt in enumerate(pts):
+        print(f"released package {i + 1}/{len(pts)}: {pt[0]} N={pt[1]} W={pt[2]} B={pt[3]}",
+              file=sys.stderr, flush=True)
         mine = next((r for r in results if tuple(r[k] for k in ("dist", "world", "window", "budget", "cost"))
                      == pt[:5]), None) or run_config(*pt)
         released.append({"point": list(pt), "package": measure_release_package(a.release_python, *pt),
@@ -312,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check_targets(results: list[dict], micro: dict) -> list[str]:
+def _check_targets(results: list[dict], micro: dict, released: Sequence[dict] = ()) -> list[str]:
     """One line per target: met or missed, with the worst grid point, for ODB with fixed and with dealt shards."""
 
     def where(r):
@@ -359,6 +370,12 @@ def _check_targets(results: list[dict], micro: dict) -> list[str]:
                 lines.append(f"- {label}: {tally(value, ok, lowest, pts)}")
 
     add(checks)
+    worlds = sorted({r["world"] for r in results})
+    if len(worlds) > 1:
+        lines.append("  - straggler efficiency >= 0.97 missed, by world size: " + ", ".join(
+            f"N={n}: fixed {sum(1 for r in results if r['world'] == n and r['methods']['odb']['straggler_eff'] < 0.97)}"
+            f", dealt {sum(1 for r in results if r['world'] == n and r['methods']['odb_dealt']['straggler_eff'] < 0.97)}"
+            f" of {sum(1 for r in results if r['world'] == n)}" for n in worlds))
     infeasible = sum(1 for r in results if r["shard_token_ceiling"] < 0.97)
     lines.append(f"- fixed shards whose token ceiling alone is below 0.97 (no policy can reach 0.97 straggler "
                  f"efficiency on a packed cost there; dealt shards have no such ceiling): "
@@ -373,6 +390,20 @@ def _check_targets(results: list[dict], micro: dict) -> list[str]:
                  f"fixed {fewer[0]}/{len(results)}, dealt {fewer[1]}/{len(results)} points")
     lines.append(f"- higher straggler efficiency than the release algorithm: "
                  f"fixed {better[0]}/{len(results)}, dealt {better[1]}/{len(results)} points")
+    ok = [e for e in released if "error" not in e["package"]]
+    if released:
+        both = [sum(1 for e in ok if e[name]["steps"] < e["package"]["steps"]
+                    and e[name]["straggler_eff"] > e["package"]["straggler_eff"]) for name in ("odb", "odb_dealt")]
+        lines.append(f"- strictly fewer steps AND higher straggler efficiency than the RELEASED PACKAGE itself "
+                     f"(measured, section below): fixed {both[0]}/{len(released)}, dealt {both[1]}/{len(released)} "
+                     f"points ({len(released) - len(ok)} package runs failed)")
+    # context: the offline oracles (exact length cache, global or bucketed sort) on the straggler target
+    for name, label in (("gmt", "GMT"), ("bmt", "BMT")):
+        vals = [(r["methods"][name]["straggler_eff"], r) for r in results]
+        v, r = min(vals, key=lambda t: t[0])
+        bad = sum(1 for x, _ in vals if x < 0.97)
+        lines.append(f"- for comparison, the offline oracle {label} (exact length cache) on straggler efficiency "
+                     f">= 0.97: missed at {bad}/{len(vals)} points, worst {v:.3f} ({where(r)})")
     worst_key = max(micro, key=lambda k: micro[k]["median_ms"])
     worst_ms = micro[worst_key]["median_ms"]
     line = (f"- decision time per round, 1024-sample window, 64 ranks: median {worst_ms:.3f} ms (worst: {worst_key}) "
@@ -413,6 +444,7 @@ def _release_section(released: list[dict]) -> list[str]:
 def render(report: dict) -> str:
     """The Markdown report of `main`'s JSON."""
     res = report["results"]
+    released = report.get("release_package", [])
     out = [f"# Batching quality by simulation ({report['date']})", "",
            "Generated by `python -m paper_repro.bench`" + (" --full" if report["full"] else "")
            + (" --release-python <venv>/bin/python" if report.get("release_package") else "")
@@ -423,8 +455,8 @@ def render(report: dict) -> str:
            "ranks online by measured cost (`odb.batching.deal`, lead = W), so no fixed shard caps them. "
            "`release` columns are the RELEASE ALGORITHM (RE-IMPLEMENTED FROM ITS DESCRIPTION in FACTS.md "
            "section 2), not the released code. Padding is only meaningful for the padded cost.", "",
-           "## Targets", "", *_check_targets(res, report["decision_microbench_1024"]), "",
-           "## The released package", "", *_release_section(report.get("release_package", [])), "",
+           "## Targets", "", *_check_targets(res, report["decision_microbench_1024"], released), "",
+           "## The released package", "", *_release_section(released), "",
            "## Length distributions (assumed shapes, paper CVs)", "",
            "| dist | mean | CV | max | p99 |", "|---|---|---|---|---|"]
     for d, v in report["distributions"].items():
@@ -456,14 +488,7 @@ def render(report: dict) -> str:
 
 
 def _runtime_part(out: Path) -> None:
-    try:
-        from . import bench_runtime
-    except ImportError as e:
-        if getattr(e, "name", None) != f"{__package__}.bench_runtime":
-            raise
-        print("RUNTIME OVERHEAD PART MISSING: paper_repro/bench_runtime.py does not exist yet; "
-              "only the batching-quality figures above were produced.")
-        return
+    from . import bench_runtime
     figures = bench_runtime.main(out)
     print(json.dumps(figures, indent=1))
 
