@@ -9,7 +9,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep bench repro repro-full examples clean
+.PHONY: install test test-fast verify verify-deep bench bench-full repro repro-full examples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,9 @@ $(REL)/.stamp: $(VENV)/.stamp-all
 
 bench: $(VENV)/.stamp-all $(REL)/.stamp  ## batching quality (ours, the baselines and the released package) + runtime overhead
 	$(BIN)/python -m paper_repro.bench --release-python $(REL)/bin/python
+
+bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8W, 4096) samples per rank), N = 2/8/64; about 30 min
+	$(BIN)/python -m paper_repro.bench --full --no-runtime --name full
 
 repro: $(VENV)/.stamp-all  ## the paper's benchmarks on this machine (< 15 min on 2 cores)
 	$(BIN)/python -m paper_repro.repro
