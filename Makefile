@@ -49,7 +49,7 @@ $(REL)/.stamp: $(VENV)/.stamp-all
 bench: $(VENV)/.stamp-all $(REL)/.stamp  ## batching quality (ours, the baselines and the released package) + runtime overhead
 	$(BIN)/python -m paper_repro.bench --release-python $(REL)/bin/python
 
-bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8W, 4096) samples per rank), N = 2/8/64; about 30 min
+bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8W, 4096) samples per rank), N = 2/8/64; about 16 min
 	$(BIN)/python -m paper_repro.bench --full --no-runtime --name full
 
 repro: $(VENV)/.stamp-all  ## the paper's benchmarks on this machine (< 15 min on 2 cores)
