@@ -76,6 +76,16 @@ def test_bench_bounds_hold_for_every_method_on_a_small_point():
     assert r["methods"]["odb_dealt"]["steps"] >= r["lower_bound"]  # dealt: only the global bound holds
 
 
+def test_the_released_package_runs_at_padded_points_of_the_default_grid():
+    # `paper_repro.bench` compares the package with ODB's figures at the same grid point (one run)
+    from paper_repro.bench import grid, release_points
+
+    pts = release_points()
+    assert pts and len(set(pts)) == len(pts)
+    assert set(pts) <= set(grid(False)) and {p[4] for p in pts} == {"padded"}
+    assert {p[1] for p in pts} == {2, 8, 16}
+
+
 def test_at_the_epoch_end_the_costliest_leftover_groups_go_first():
     from odb.batching.policy import fill_bucket
 
