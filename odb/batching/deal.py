@@ -49,6 +49,17 @@ each rank holds dealt but not yet measured at the end game, about
 shards: dealing helps when shards are much longer than the window (measured
 in ``paper_repro/results/quality_sim_*.md``).
 
+Why the lead is a whole window.  A shorter lead leaves less unmeasured at the
+end game but makes ranks take their reserve in steady state, and reserve
+positions come from the end of the order, unmeasured and not levelled.
+Measured (2026-11, the benchmark grid's 180 points, a simulation that takes the
+reserve as the runtime does; not kept): a lead of W/2 for windows of 256 and
+more cut the dealt straggler misses from 89 to 76, but single points moved by
+-0.050 to +0.034.  At the worst one (mmmix, 16 ranks, W = 1024, 16384 padded)
+the ranks took 8,457 of 32,768 positions from their reserves before the end
+game, which then had 250 positions left to level, and the ceiling mean/max of
+the ranks' total cost fell from 0.975 to 0.917.
+
 `Dealer` is pure (no torch): the runtime feeds it the gathered ``taken``,
 ``cost``, ``dry`` and ``stolen`` of each round; the benchmark's simulation
 feeds ``taken`` and ``cost`` (its ranks drop nothing).
