@@ -39,9 +39,10 @@ the simulation charges it.
 Protocol cost: the released package all-gathers ``[slots, groups, size per
 group..., token sum per group...]`` per rank per window (exact loss scaling),
 up to ``2 + 2W`` integers per rank; ODB all-gathers its runtime header,
-``7 + S + 3W`` integers per rank (`odb.runtime.engine.header_len`: status,
-round, window size, the policy summary, the dealer's 4 ints, and 3 counts per
-batch of the previous round for exact loss scaling), a fixed shape.  Both are
+``7 + S + L + 3W`` integers per rank (`odb.runtime.engine.header_len`: status,
+round, window size, the policy summary, the dealer's 4 ints, L = 2 log2(W)
+or fewer for the dealer's intake bound, and 3 counts per batch of the previous
+round for exact loss scaling), a fixed shape.  Both are
 O(N * W) integers received per rank and round; ODB's is about 1.5x the
 release's worst case.  `protocol_cost` gives bytes received per rank and a
 ring all-gather latency for both.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from odb.batching import AlignmentPolicy, CostModel, call_partition, check_partition, default_policy
-from odb.batching.deal import COST_SCALE, Dealer
+from odb.batching.deal import COST_SCALE, Dealer, intake_bound, policy_intake
 from odb.errors import ProtocolError
 from odb.protocol import DGAP, DONE, FILL, MODES, WAIT, Scope, evaluate, machine
 from odb.protocol.expr import Let
@@ -54,8 +54,10 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
 
     With ``deal`` (the epoch's global order of sizes) the ``shards`` must be N
     empty lists: each rank's shard grows as `odb.batching.deal.Dealer` deals
-    positions of ``deal`` after every round (``lead`` defaults to the window,
-    i.e. no prefetch), and batches hold positions of ``deal``.
+    positions of ``deal`` after every round, and batches hold positions of
+    ``deal``.  Each rank is topped up to its per-round bound
+    (`odb.batching.deal.intake_bound` of what it posted, no prefetch), or, with
+    ``lead``, to that fixed lead.
 
     Raises ProtocolError if a policy breaks the partition contract or the table
     rejects a choice, and RuntimeError past `max_rounds` (a hang guard).
@@ -67,6 +69,7 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
         if any(len(s) for s in shards):
             raise ValueError("with deal=..., pass N empty shards")
         dealer = Dealer(len(deal), n, lead or window)
+        posted: list[tuple[int, list[int]]] = [(0, [])] * n  # per rank: window size and intake sizes at the post
         shards = [[] for _ in range(n)]
         where: list[list[int]] = [[] for _ in range(n)]  # shard index -> position of deal
 
@@ -110,8 +113,11 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
                     nxt[r] += 1
                 if st.effect == "post":
                     t0 = time.perf_counter()
-                    summaries.append(pols[r].summarize([shard[i] for i in win[r]], cost, bool(locs[r]["x"])))
+                    window_sizes = [shard[i] for i in win[r]]
+                    summaries.append(pols[r].summarize(window_sizes, cost, bool(locs[r]["x"])))
                     spent[r] += time.perf_counter() - t0
+                    if dealer is not None and lead is None:
+                        posted[r] = (len(win[r]), policy_intake(pols[r], window_sizes, cost, window))
                     headers.append(st.payload)
                     break
             assert locs[r]["ph"] == WAIT
@@ -130,7 +136,8 @@ def simulate(shards: Sequence[Sequence[tuple[int, ...]]], cost: CostModel, *, wi
                              summaries)
         res.decision_s.extend(spent)
         if dealer is not None:
-            give(dealer.deal(list(nxt), taken_cost))
+            need = None if lead is not None else [intake_bound(window, k, u, target) for k, u in posted]
+            give(dealer.deal(list(nxt), taken_cost, need=need))
     res.rounds = rounds
     if dealer is not None:
         res.batches = [[None if b is None else [where[r][i] for i in b] for b in row] for r, row in enumerate(out)]

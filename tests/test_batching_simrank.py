@@ -152,6 +152,24 @@ def test_a_dealt_rank_never_runs_dry_before_the_order_is_used_up(order, n, windo
     assert sorted(i for row in sim.batches for b in row if b for i in b) == list(range(len(sizes)))
 
 
+@settings(max_examples=40, deadline=None)
+@given(order=st.lists(st.integers(1, 3000), max_size=120), n=st.integers(1, 4), window=st.integers(1, 12),
+       kind=st.sampled_from(["padded", "packed", "quadratic"]))
+def test_a_rank_dealt_its_per_round_bound_never_runs_dry(order, n, window, kind):
+    # the default: each rank topped up to W - n + U(T) (deal.intake_bound), not to a whole window
+    sizes = [(x,) for x in order]
+    sim, _ = _dealt_schedule(sizes, n, window, kind)
+    assert sorted(i for row in sim.batches for b in row if b for i in b) == list(range(len(sizes)))
+
+
+def test_a_bound_without_the_emitted_groups_does_run_dry(monkeypatch):
+    # teeth for the test above: a bound that leaves out U(T) (what the round emits) runs a rank dry
+    import paper_repro.simrank as simrank
+    monkeypatch.setattr(simrank, "intake_bound", lambda window, n, ladder, target: max(0, window - n))
+    with pytest.raises(ProtocolError, match="ran out of dealt positions"):
+        _dealt_schedule(sample_lengths("mmmix", 400, seed=3), 3, 16)
+
+
 def test_a_lead_shorter_than_the_window_does_run_dry():
     # the check above has teeth: with lead 1 a rank empties its dealt positions while filling a window of 8
     with pytest.raises(ProtocolError, match="ran out of dealt positions"):

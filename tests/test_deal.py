@@ -149,3 +149,57 @@ def test_a_state_for_another_order_or_world_is_refused():
     for total, world in ((11, 2), (10, 3)):
         with pytest.raises(ValueError, match="dealer state is for total=10 world=2"):
             Dealer(total, world, 2).load_state_dict(state)
+
+
+# -- the per-round bound (need_r) --------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(shape=dealers, rounds=st.integers(1, 30), data=st.data())
+def test_a_top_up_with_per_rank_needs_leaves_every_live_rank_its_need_ahead(shape, rounds, data):
+    d = Dealer(*shape)
+    d.start()
+    taken = [0] * d.world
+    for _ in range(rounds):
+        args = _inputs(data, d, taken, drops=True)
+        need = [data.draw(st.integers(0, 2 * d.lead)) for _ in range(d.world)]
+        live = [r for r in range(d.world) if not (d.closed[r] or args[2][r])]
+        top = sum(max(0, need[r] - (d.dealt[r] - taken[r])) for r in live)
+        left = d.left
+        d.deal(*args, need=need)
+        if live and left > top:
+            assert all(d.dealt[r] - taken[r] >= need[r] for r in live)
+        elif live:
+            assert d.done
+
+
+def test_the_intake_ladder_grows_by_at_most_half_and_ends_at_the_window():
+    from odb.batching.deal import intake_ladder
+    assert intake_ladder(1) == (1,) and intake_ladder(6) == (1, 2, 3, 4, 6)
+    assert intake_ladder(1024)[:9] == (1, 2, 3, 4, 6, 8, 12, 16, 24) and len(intake_ladder(1024)) == 20
+    for w in range(1, 2000):
+        lad = intake_ladder(w)
+        assert lad[0] == 1 and lad[-1] == w and all(a < b <= max(a + 1, 1.5 * a) for a, b in zip(lad, lad[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), max_size=40), window=st.integers(1, 64), target=st.integers(1, 64),
+       n=st.integers(0, 64))
+def test_the_intake_bound_covers_any_target_groups(sizes, window, target, n):
+    from odb.batching.deal import intake_bound, intake_sizes
+    from odb.batching.grouping import Group
+    groups = [Group(tuple(range(k)), True, 0.5) for k in sizes]
+    bound = intake_bound(window, n, intake_sizes(groups, window), min(target, window))
+    worst = sum(sorted(sizes, reverse=True)[:min(target, window)])  # the T largest groups
+    assert bound >= max(0, window - n) + worst
+    assert bound <= max(0, window - n) + sum(sizes)
+
+
+def test_a_policy_without_groups_posts_the_whole_window():
+    from odb.batching import make_cost_model
+    from odb.batching.deal import intake_bound, intake_ladder, policy_intake
+
+    class NoGroups:
+        pass
+    w = [(10,)] * 5
+    got = policy_intake(NoGroups(), w, make_cost_model("packed", 100), 8)
+    assert got == [5] * len(intake_ladder(8)) and intake_bound(8, 5, got, 1) == 8  # the old lead: W

@@ -5,6 +5,10 @@ Legend
     lead     how many dealt-but-not-taken positions every rank must hold after a
              deal while the order is not used up: ``W + P`` (window + the inner
              DataLoader's prefetch), the most a rank can pull before the next deal
+    need_r   the same bound for rank r in one round, when the round's target T is
+             known: ``W - n_r + U_r(T) + P`` (`intake_bound`), where n_r is its
+             window at the post and U_r(T) the samples in the T largest groups
+             `grouping.pack` forms of that window (posted as `intake_ladder`)
     taken_r  positions rank r has pulled into its window so far (cumulative)
     cost_r   their summed per-sample cost (measured after preprocessing)
     pend_r   dealt to rank r and not yet taken: ``dealt_r - taken_r``
@@ -26,7 +30,8 @@ The rule, a function of globally gathered numbers only (so every rank computes
 the same deal and every position goes to exactly one rank):
 
 * while more positions are left than the ranks need, every rank is topped up
-  to ``pend_r = lead``, so no rank runs dry before the order is used up (its
+  to ``pend_r = need_r`` (``lead`` when no bound is given), so no rank runs dry
+  before the order is used up (its
   source never reports a false end) unless it drops samples (None, empty,
   skipped oversize), which do not fill its window;
 * otherwise (the end game) everything left is dealt now, one position at a
@@ -43,14 +48,14 @@ the same deal and every position goes to exactly one rank):
   If every rank is dry, every class is used up past the cursor, so nothing is
   left: no position is ever lost or given twice.
 
-What is left uneven at the end is the unknown cost of the ``lead`` positions
-each rank holds dealt but not yet measured at the end game, about
-``sqrt(lead) * CV`` samples' worth, instead of ``sqrt(shard) * CV`` with fixed
+What is left uneven at the end is the unknown cost of the positions each rank
+holds dealt but not yet measured at the end game (at most ``need_r``), about
+``sqrt(need_r) * CV`` samples' worth, instead of ``sqrt(shard) * CV`` with fixed
 shards: dealing helps when shards are much longer than the window (measured
 in ``paper_repro/results/quality_sim_*.md``).
 
-Why the lead is a whole window.  A shorter lead leaves less unmeasured at the
-end game but makes ranks take their reserve in steady state, and reserve
+Why not simply a shorter lead.  It leaves less unmeasured at the end game but
+makes ranks take their reserve in steady state, and reserve
 positions come from the end of the order, unmeasured and not levelled.
 Measured (2026-11, the benchmark grid's 180 points, a simulation that takes the
 reserve as the runtime does; not kept): a lead of W/2 for windows of 256 and
@@ -58,18 +63,27 @@ more cut the dealt straggler misses from 89 to 76, but single points moved by
 -0.050 to +0.034.  At the worst one (mmmix, 16 ranks, W = 1024, 16384 padded)
 the ranks took 8,457 of 32,768 positions from their reserves before the end
 game, which then had 250 positions left to level, and the ceiling mean/max of
-the ranks' total cost fell from 0.975 to 0.917.  What would help is a lead
-that bounds each rank's next intake without the reserve: ``W - n_r`` plus the
-samples in the rank's T largest groups, once the round's target T is known.
-Every rank would then post in its header the number of samples in its T
-largest groups for T = 1, 2, 3, 4, 6, 8, 12, ... (the dealer rounds the round's
-T up to the next of them).  Simulated that
-way on the 120 grid points with W >= 256, the mean straggler efficiency rose by
-0.005, and the points whose dealt ceiling is below 0.97 fell from 25 to 14.
+the ranks' total cost fell from 0.975 to 0.917.
+
+The per-round bound.  A rank emits at most T groups of its window in a round
+(the table's target), and the default policy emits whole groups of
+`grouping.pack` (it splits one only when T exceeds the groups it has, and then
+emits the whole window), so its next fill takes at most ``W - n_r + U_r(T)``
+positions, plus what its inner DataLoader prefetches.  Each rank posts U_r at
+the T of `intake_ladder` (1, 2, 3, 4, 6, 8, 12, ... up to W; the deal rounds T
+up to the next of them), and the dealer tops it up to that instead of the whole
+window: less is dealt unmeasured, so the end game levels the ranks' totals with
+more of the cost known.  A policy that emits more than the bound makes the rank
+take its reserve (above), as a drop does: nothing is lost.  Measured (2026-11,
+``make bench``'s 180 points, against a lead of W): at the 120 points with
+W >= 256, mean straggler efficiency +0.005 (single points -0.014 to +0.026),
+points whose dealt ceiling (mean/max of the ranks' total cost) is below 0.97
+25 -> 14, steps -0.6%; at W = 64, where a round emits most of the window
+anyway, no change on average (-0.021 to +0.023).
 
 `Dealer` is pure (no torch): the runtime feeds it the gathered ``taken``,
-``cost``, ``dry`` and ``stolen`` of each round; the benchmark's simulation
-feeds ``taken`` and ``cost`` (its ranks drop nothing).
+``cost``, ``dry``, ``stolen`` and ``need`` of each round; the benchmark's
+simulation feeds ``taken``, ``cost`` and ``need`` (its ranks drop nothing).
 """
 
 from __future__ import annotations
@@ -79,8 +93,10 @@ from typing import Callable, Sequence
 
 from .base import CostModel, Sizes
 from .cost import BudgetCost
+from .grouping import Group
 
-__all__ = ["Dealer", "COST_SCALE", "sample_cost"]
+__all__ = ["Dealer", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
+           "policy_intake"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
@@ -93,6 +109,50 @@ def sample_cost(cost: CostModel) -> Callable[[Sizes], int]:
         i, k = r.index, COST_SCALE / r.budget
         return lambda s: round((s[i] if i < len(s) else 0) * k)
     return lambda s: round(cost.utilisation([s]) * COST_SCALE)
+
+
+def intake_ladder(window: int) -> tuple[int, ...]:
+    """The targets T at which a rank posts ``U(T)`` (module docstring): 1, 2, 3, 4, 6, 8, 12, ...
+    (each at most 1.5x the one before), ending with ``window``, the largest target the table allows."""
+    out, v = [], 1
+    while v < window:
+        out.append(v)
+        v = v + 1 if v < 2 else (v * 3) // 2 if v & (v - 1) == 0 else (v * 4) // 3
+    out.append(max(1, int(window)))
+    return tuple(out)
+
+
+def intake_sizes(groups: Sequence[Group], window: int) -> list[int]:
+    """``U(T)`` for every T of `intake_ladder` (window): the samples in the T largest `groups`."""
+    sizes = sorted((len(g.positions) for g in groups), reverse=True)
+    out, acc, k = [], 0, 0
+    for t in intake_ladder(window):
+        while k < min(t, len(sizes)):
+            acc += sizes[k]
+            k += 1
+        out.append(acc)
+    return out
+
+
+def policy_intake(policy, window: Sequence[Sizes], cost: CostModel, W: int) -> list[int]:
+    """What a rank posts for the bound: `intake_sizes` of ``policy.groups(window, cost)`` when the
+    policy has that method (it declares that its ``partition`` emits whole groups among them, or
+    the whole window when asked for more: `BalancedPolicy`), else the window size at every T
+    (no bound below the whole window: the dealer then tops the rank up to ``W``)."""
+    groups = getattr(policy, "groups", None)
+    if groups is None:
+        return [len(window)] * len(intake_ladder(W))
+    return intake_sizes(groups(window, cost), W)
+
+
+def intake_bound(window: int, n: int, ladder: Sequence[int], target: int) -> int:
+    """Positions a rank with `n` samples in its window (at the post) and `ladder` (its posted
+    `intake_sizes`) takes into its window before the next deal, when the round's target is
+    `target` and its policy emits whole groups of `grouping.pack`: ``W - n + U(T)`` with T
+    rounded up the ladder.  Prefetch comes on top."""
+    lad = intake_ladder(window)
+    j = next((i for i, t in enumerate(lad) if t >= target), len(lad) - 1)
+    return max(0, int(window) - int(n)) + int(ladder[j])
 
 
 class Dealer:
@@ -150,15 +210,19 @@ class Dealer:
         return out
 
     def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None,
-             stolen: Sequence[int] | None = None) -> list[list[int]]:
+             stolen: Sequence[int] | None = None, need: Sequence[int] | None = None) -> list[list[int]]:
         """One round's deal from the gathered ``taken`` counts, ``cost`` sums (ints, `COST_SCALE`),
-        ``dry`` flags (a rank whose source ended early gets nothing more, ever) and ``stolen``
-        counts (cumulative; module docstring)."""
+        ``dry`` flags (a rank whose source ended early gets nothing more, ever), ``stolen``
+        counts (cumulative) and ``need`` (per rank, the most it takes before the next deal,
+        ``need_r``; None: ``lead`` for every rank; module docstring)."""
         dry = [0] * self.world if dry is None else list(dry)
         stolen = self.stolen if stolen is None else list(stolen)
-        if not len(taken) == len(cost) == len(dry) == len(stolen) == self.world:
-            raise ValueError(f"deal needs {self.world} taken, cost, dry and stolen values, got "
-                             f"{len(taken)}, {len(cost)}, {len(dry)} and {len(stolen)}")
+        need = [self.lead] * self.world if need is None else [int(v) for v in need]
+        if not len(taken) == len(cost) == len(dry) == len(stolen) == len(need) == self.world:
+            raise ValueError(f"deal needs {self.world} taken, cost, dry, stolen and need values, got "
+                             f"{len(taken)}, {len(cost)}, {len(dry)}, {len(stolen)} and {len(need)}")
+        if min(need) < 0:
+            raise ValueError(f"deal got a negative need {need}")
         for r in range(self.world):
             if stolen[r] < self.stolen[r]:
                 raise ValueError(f"rank {r} reports {stolen[r]} stolen after {self.stolen[r]}")
@@ -176,10 +240,10 @@ class Dealer:
         if left == 0 or not live:
             return out
         pend = [self.dealt[r] - taken[r] for r in range(self.world)]
-        need = {r: max(0, self.lead - pend[r]) for r in live}
-        if left > sum(need.values()):
+        top = {r: max(0, need[r] - pend[r]) for r in live}
+        if left > sum(top.values()):
             for r in live:
-                out[r] = self._give_many(r, need[r])
+                out[r] = self._give_many(r, top[r])
             return out
         n_taken = sum(taken)
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)

@@ -3,15 +3,18 @@
 Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
     S        the alignment policy's ``summary_len``
-    header   int64[H], H = 7 + S + 3W (`header_len`):
-             [st, round, n, summary(S), taken, cost, dry, stolen, counts(3W)]
+    L        the length of `odb.batching.deal.intake_ladder` (W): 20 for W = 1024
+    header   int64[H], H = 7 + S + L + 3W (`header_len`):
+             [st, round, n, summary(S), taken, cost, dry, stolen, intake(L), counts(3W)]
              ``st`` and ``n`` are the table's payload (``st = in.quit``,
              ``n = buf``); ``round`` is a diagnostic slot (the engine checks
              that every rank posted the same round; the table does not read
              it); ``taken, cost, dry, stolen`` feed dealt sharding (items this
              rank's source returned this epoch, their summed cost x
              ``COST_SCALE``, whether its key iterator ran dry, keys it took
-             itself; posted always, read only when dealing);
+             itself; posted always, read only when dealing); ``intake`` is
+             `odb.batching.deal.policy_intake` of the window at the post
+             (zeros unless dealing), which bounds the rank's next fill;
              ``counts[3k + b]`` is this rank's count b (tokens, label
              tokens, samples) of its k-th batch of the PREVIOUS round
              (k < T <= W), 0 for fillers and absent batches
@@ -41,7 +44,10 @@ proposal.  ``choose`` asks the policy for ``use`` (via ``partition``) and
 ``take``.  The engine computes no target, stop or filler count itself.
 
 Dealt sharding (``deal``, a `DealtOrder`): right after each round's
-collective, every rank feeds the gathered ``taken, cost, dry, stolen`` to its replica
+collective, every rank feeds the gathered ``taken, cost, dry, stolen`` and each
+rank's bound on its next fill (`odb.batching.deal.intake_bound` of the gathered
+``n``, ``intake`` and the round's target, plus the inner DataLoader's prefetch
+and one) to its replica
 of the dealer and appends its share to its source's keys (see
 `odb.batching.deal`); the deal is a function of the gathered headers only, so
 every position goes to exactly one rank.  The table is unchanged: a dealt
@@ -69,7 +75,7 @@ from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA
 from .info import LoaderStats, StepInfo
-from ..batching.deal import sample_cost
+from ..batching.deal import intake_bound, intake_ladder, policy_intake, sample_cost
 from .source import DealtOrder, Item, Source, _Failure
 from .trace import TraceWriter
 
@@ -80,7 +86,7 @@ _DEAL = 4  # header ints for dealt sharding: taken, cost, dry, stolen
 
 def header_len(summary_len: int, W: int) -> int:
     """Ints in one rank's header (module docstring)."""
-    return 3 + summary_len + _DEAL + 3 * W
+    return 3 + summary_len + _DEAL + len(intake_ladder(W)) + 3 * W
 
 OK, CLOSED, FAILED = 0, 1, 2
 _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
@@ -124,7 +130,8 @@ class Engine:
         self.W, self.mode, self.policy, self.cost = W, mode, policy, cost
         self.S = int(policy.summary_len)
         self.header_len = header_len(self.S, W)
-        self._off = 3 + self.S + _DEAL   # where counts start in a header
+        self._lad = len(intake_ladder(W))
+        self._off = 3 + self.S + _DEAL + self._lad  # where counts start in a header
         self.deal = deal
         self._sample_cost = sample_cost(cost)
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items the source returned
@@ -364,14 +371,17 @@ class Engine:
             summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(s.after["x"]))]
             if len(summary) != self.S:
                 raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
+            intake = ([0] * self._lad if self.deal is None else
+                      [int(v) for v in policy_intake(self.policy, sizes, self.cost, self.W)])
         except Exception as e:
             # The row has fired with this step's st; the header must still be posted (peers wait for
             # it), so post a neutral summary and let the next header carry st = FAILED.
             self._local_error(e)
-            summary = [0] * self.S
+            summary, intake = [0] * self.S, [0] * self._lad
         deal = [self.source.pulled, self._cost_taken, int(self.source.dry),
                 0 if self.deal is None else self.deal.stolen]
-        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *deal, *self._counts]
+        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *deal, *intake,
+                  *self._counts]
         self._counts = [0] * (3 * self.W)
         self._enter(header)
         return {"round": self._posted - 1, "summary": summary}
@@ -421,8 +431,11 @@ class Engine:
         self._coll = machine.collective_inputs(DGAP, _table_headers(headers), proposal, self.cfg)
         self._gathered = self._last = headers
         if self.deal is not None and not self.deal.done:
-            d = self._off - _DEAL
-            keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)))
+            d = 3 + self.S
+            target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+            extra = self.source.ahead + 1  # what the inner DataLoader may pull ahead, and one
+            need = [intake_bound(self.W, h[2], h[d + _DEAL:self._off], target) + extra for h in headers]
+            keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)), need=need)
             self.source.extend(keys, open=not self.deal.done)
         self.stats.collective_s += time.perf_counter() - t0
 

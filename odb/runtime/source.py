@@ -197,8 +197,8 @@ class DealtOrder:
         return self._mine(self.dealer.start())
 
     def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
-             stolen: Sequence[int]) -> list[tuple[int, Any]]:
-        return self._mine(self.dealer.deal(taken, cost, dry, stolen))
+             stolen: Sequence[int], need: Sequence[int] | None = None) -> list[tuple[int, Any]]:
+        return self._mine(self.dealer.deal(taken, cost, dry, stolen, need))
 
     def _mine(self, parts: list[list[int]]) -> list[tuple[int, Any]]:
         if self.stats is not None:
