@@ -170,8 +170,8 @@ class ODBDataLoader:
         Larger gives better batches and more prefetch memory (about 2W samples).
         Measured (``make bench-full``: 2 to 64 ranks, at least 8W samples per rank):
         with a padded cost, straggler efficiency averages 0.956 / 0.978 / 0.987 and
-        padding 16.5% / 5.4% / 1.5% at W = 64 / 256 / 1024; with a packed cost,
-        straggler efficiency averages 0.987 / 0.989 / 0.992.
+        padding 16.4% / 5.5% / 1.6% at W = 64 / 256 / 1024; with a packed cost,
+        straggler efficiency averages 0.987 / 0.990 / 0.993.
     :param mode: "pad" (equal steps, zero-weight fillers, every sample once), "join"
         (every sample once; ranks finish at different steps; wrap the model in DDP
         ``Join``) or "quota" (equal steps, no fillers; stops when a rank runs dry;
