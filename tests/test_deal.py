@@ -1,5 +1,6 @@
-"""Dealer (dynamic sharding): every position dealt exactly once, live ranks topped up to ``lead``
-while the order lasts, deterministic, dry ranks skipped, resumable, strict about its inputs."""
+"""Dealer (dynamic sharding): every position dealt exactly once, live ranks topped up to ``lead`` (or
+to each rank's per-round ``need``) while the order lasts, the per-round bound's parts, deterministic,
+dry ranks skipped, resumable, strict about its inputs."""
 
 import json
 
@@ -45,20 +46,24 @@ def test_every_position_is_dealt_exactly_once(shape, rounds, data):
     assert [sum(len(deal[r]) for deal in parts) for r in range(d.world)] == d.dealt
 
 
-@settings(max_examples=80, deadline=None)
-@given(shape=dealers, rounds=st.integers(1, 30), data=st.data())
-def test_a_top_up_leaves_every_live_rank_lead_ahead_and_the_end_game_deals_everything(shape, rounds, data):
+@settings(max_examples=120, deadline=None)
+@given(shape=dealers, rounds=st.integers(1, 30), per_rank=st.booleans(), data=st.data())
+def test_a_top_up_leaves_every_live_rank_its_need_ahead_and_the_end_game_deals_everything(shape, rounds, per_rank,
+                                                                                         data):
+    # need: ``lead`` for every rank (need=None), or a per-rank bound (deal's ``need``, any values)
     d = Dealer(*shape)
     d.start()
     taken = [0] * d.world
     for _ in range(rounds):
         args = _inputs(data, d, taken, drops=True)
+        need = [data.draw(st.integers(0, 2 * d.lead)) for _ in range(d.world)] if per_rank else None
+        want = need or [d.lead] * d.world
         live = [r for r in range(d.world) if not (d.closed[r] or args[2][r])]
-        need = sum(max(0, d.lead - (d.dealt[r] - taken[r])) for r in live)
+        top = sum(max(0, want[r] - (d.dealt[r] - taken[r])) for r in live)
         left = d.left
-        d.deal(*args)
-        if live and left > need:  # a top-up: nobody runs dry before the next deal
-            assert all(d.dealt[r] - taken[r] >= d.lead for r in live)
+        d.deal(*args, need=need)
+        if live and left > top:  # a top-up: nobody runs dry before the next deal
+            assert all(d.dealt[r] - taken[r] >= want[r] for r in live)
         elif live:  # the end game: the rest is dealt at once
             assert d.done
 
@@ -152,25 +157,6 @@ def test_a_state_for_another_order_or_world_is_refused():
 
 
 # -- the per-round bound (need_r) --------------------------------------------------------------
-
-@settings(max_examples=60, deadline=None)
-@given(shape=dealers, rounds=st.integers(1, 30), data=st.data())
-def test_a_top_up_with_per_rank_needs_leaves_every_live_rank_its_need_ahead(shape, rounds, data):
-    d = Dealer(*shape)
-    d.start()
-    taken = [0] * d.world
-    for _ in range(rounds):
-        args = _inputs(data, d, taken, drops=True)
-        need = [data.draw(st.integers(0, 2 * d.lead)) for _ in range(d.world)]
-        live = [r for r in range(d.world) if not (d.closed[r] or args[2][r])]
-        top = sum(max(0, need[r] - (d.dealt[r] - taken[r])) for r in live)
-        left = d.left
-        d.deal(*args, need=need)
-        if live and left > top:
-            assert all(d.dealt[r] - taken[r] >= need[r] for r in live)
-        elif live:
-            assert d.done
-
 
 def test_the_intake_ladder_grows_by_at_most_half_and_ends_at_the_window():
     from odb.batching.deal import intake_ladder
