@@ -258,6 +258,10 @@ class Engine:
             self._collect()
         return self._coll[name]
 
+    def _target(self) -> int:
+        """The round's target: the table's own ``Let("target")`` on this round's collective inputs."""
+        return int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+
     def _choose(self, row, choice, lo: int, hi: int, params: dict) -> int:
         if self._quit != OK:
             return lo  # stopping: the batches are dropped; any value the table allows will do
@@ -266,7 +270,7 @@ class Engine:
             if real == 0:
                 self._groups = []
                 return 0
-            target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+            target = self._target()
             sizes = [it.sizes for it in self._window]
             try:
                 groups = call_partition(self.policy, sizes, target, real, self.cost,
@@ -432,7 +436,7 @@ class Engine:
         self._gathered = self._last = headers
         if self.deal is not None and not self.deal.done:
             d = 3 + self.S
-            target = int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+            target = self._target()
             extra = self.source.ahead + 1  # what the inner DataLoader may pull ahead, and one
             need = [intake_bound(self.W, h[2], h[d + _DEAL:self._off], target) + extra for h in headers]
             keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)), need=need)
