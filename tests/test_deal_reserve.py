@@ -1,59 +1,48 @@
 """The dealer's reserve classes (`odb.batching.deal`), driven like the runtime drives them.
 
-N replicas of `Dealer` (one per rank) see the same gathered numbers; between deals each
-rank consumes its keys, dropping some (drops do not fill its window), and when it runs
-out it takes keys from its own reserve class (`steal_position`) or runs dry.  Whatever
-the drops, every position is given to exactly one rank, every replica stays identical,
-and the epoch ends with nothing left.
+N replicas of `DealtOrder` (one per rank, the object the runtime's source reads its keys
+from) see the same gathered numbers; between deals each rank reads keys, dropping some
+(drops do not fill its window), and when its dealt keys run out `DealtOrder.key` gives it
+its own reserve class or ends it (dry).  Whatever the drops, every position is given to
+exactly one rank, every replica stays identical, and the epoch ends with nothing left.
 """
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.deal import Dealer
+from odb.batching.deal import DealtOrder, Dealer
 
 
 def _epoch(total, world, window, drop_every, seed_bits):
-    lead = window + 1
-    reps = [Dealer(total, world, lead) for _ in range(world)]
-    keys = [[] for _ in range(world)]
-    for r, ps in enumerate(reps[0].start()):
-        keys[r] += ps
-    for d in reps[1:]:
-        d.start()
+    order = [(p, p) for p in range(total)]
+    reps = [DealtOrder(order, world, r, window + 1) for r in range(world)]
+    for d in reps:
+        d.first()
     taken = [0] * world          # keys consumed (the header's `taken`)
-    stolen = [0] * world         # each rank's own reserve count (the header's `stolen`)
-    dry = [False] * world
     ended = [False] * world
     rounds = 0
     while not all(ended) and rounds < 10 * total + 10:
         rounds += 1
-        for r in range(world):  # FILL: consume until `window` usable keys or the source ends
+        for r, d in enumerate(reps):  # FILL: consume until `window` usable keys or the source ends
             usable = 0
             while usable < window and not ended[r]:
-                if taken[r] == len(keys[r]):
-                    if reps[r].done:
-                        ended[r] = True
-                        break
-                    p = reps[r].steal_position(r, stolen[r])
-                    if p is None:
-                        dry[r] = ended[r] = True
-                        break
-                    stolen[r] += 1
-                    keys[r].append(p)
-                p = keys[r][taken[r]]
+                key = d.key(taken[r])
+                if key is None:
+                    ended[r] = True
+                    break
                 taken[r] += 1
-                if drop_every == 0 or (p * 7 + seed_bits) % drop_every:
+                if drop_every == 0 or (key[0] * 7 + seed_bits) % drop_every:
                     usable += 1
         # the collective: every replica deals from the same gathered numbers
-        deals = [d.deal(taken, [3 * t for t in taken], [int(x) for x in dry], stolen) for d in reps]
-        assert all(x == deals[0] for x in deals)
-        assert len({repr(d.state_dict()) for d in reps}) == 1
-        for r, ps in enumerate(deals[0]):
-            assert not (ps and ended[r]), f"rank {r} was dealt {ps} after its source ended"
-            keys[r] += ps
-    given_out = sorted(p for ks in keys for p in ks)
-    return given_out, reps[0], dry
+        gathered = (list(taken), [3 * t for t in taken], [int(d.dry) for d in reps], [d.reserve_taken for d in reps])
+        before = [len(d.keys) for d in reps]
+        for d in reps:
+            d.deal(*gathered)
+        assert len({repr(d.dealer.state_dict()) for d in reps}) == 1
+        for r, d in enumerate(reps):
+            assert not (len(d.keys) > before[r] and ended[r]), f"rank {r} was dealt {d.keys[before[r]:]} after its source ended"
+    given_out = sorted(k[0] for d in reps for k in d.keys)
+    return given_out, reps[0].dealer, [d.dry for d in reps]
 
 
 @settings(max_examples=150, deadline=None)
@@ -69,14 +58,14 @@ def test_heavy_drops_use_the_reserve_and_a_dry_rank_is_dealt_nothing_more():
     # every key dropped: each rank consumes all it is dealt, then its whole reserve class
     given_out, dealer, dry = _epoch(60, 3, 4, 1, 0)
     assert given_out == list(range(60))
-    assert sum(dealer.stolen) > 0 and any(dry)
+    assert sum(dealer.reserve) > 0 and any(dry)
 
 
-def test_a_steal_never_reaches_a_dealt_position():
+def test_a_reserve_take_never_reaches_a_dealt_position():
     d = Dealer(10, 2, 2)
     d.start()                     # 0, 1, 2, 3 dealt
-    assert [d.steal_position(0, k) for k in range(4)] == [9, 7, 5, None]
-    assert [d.steal_position(1, k) for k in range(4)] == [8, 6, 4, None]
+    assert [d.reserve_position(0, k) for k in range(4)] == [9, 7, 5, None]
+    assert [d.reserve_position(1, k) for k in range(4)] == [8, 6, 4, None]
     d2 = Dealer(10, 2, 2)
     d2.start()
     d2.deal([2, 2], [1, 1], [0, 0], [1, 0])  # rank 0 took 9; needs are met from 4 on

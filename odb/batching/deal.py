@@ -16,7 +16,7 @@ Legend
     est_r    rank r's expected total intake: ``cost_r + pend_r * mu``
     class r  the positions ``total - 1 - (N k + r)``, k = 0, 1, ...: rank r's own
              reserve, counted from the end of the order
-    stolen_r positions of class r that rank r took itself (cumulative)
+    reserve_r positions of class r that rank r took itself (cumulative): its reserve takes
 
 Why.  With fixed shards (DistributedSampler) every rank must process its own
 shard, so the epoch's steps are set by the costliest shard and no alignment can
@@ -42,7 +42,7 @@ the same deal and every position goes to exactly one rank):
   (possible only through drops) does not stop: between deals it takes the
   next position of its own class from the end of the order, as long as that
   position lies at or past the dealer's cursor (so nobody was dealt it and no
-  other rank can take it: classes are disjoint), and reports ``stolen_r`` in
+  other rank can take it: classes are disjoint), and reports ``reserve_r`` in
   its next header; every replica then skips those positions.  A rank whose
   class is used up too is *dry*: its source ends and it is dealt nothing more.
   If every rank is dry, every class is used up past the cursor, so nothing is
@@ -82,20 +82,20 @@ points whose dealt ceiling (mean/max of the ranks' total cost) is below 0.97
 anyway, no change on average (-0.021 to +0.023).
 
 `Dealer` is pure (no torch): the runtime feeds it the gathered ``taken``,
-``cost``, ``dry``, ``stolen`` and ``need`` of each round; the benchmark's
+``cost``, ``dry``, ``reserve`` and ``need`` of each round; the benchmark's
 simulation feeds ``taken``, ``cost`` and ``need`` (its ranks drop nothing).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .base import CostModel, Sizes
 from .cost import BudgetCost
 from .grouping import Group
 
-__all__ = ["Dealer", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
+__all__ = ["Dealer", "DealtOrder", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
            "policy_intake"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
@@ -162,40 +162,40 @@ class Dealer:
         if total < 0 or world < 1 or lead < 1:
             raise ValueError(f"Dealer needs total >= 0, world >= 1, lead >= 1 (got {total}, {world}, {lead})")
         self.total, self.world, self.lead = int(total), int(world), int(lead)
-        self.cursor = 0                               # every position before it is dealt or stolen
-        self.dealt = [0] * self.world                 # positions given to each rank so far (stolen included)
-        self.stolen = [0] * self.world                # class positions each rank took itself (as gathered)
+        self.cursor = 0                               # every position before it is dealt or taken from a reserve
+        self.dealt = [0] * self.world                 # positions given to each rank so far (reserve takes included)
+        self.reserve = [0] * self.world               # reserve positions each rank took itself (as gathered)
         self.closed = [False] * self.world            # the rank ran dry: deal it nothing more
         self.rounds = 0
 
     # -- positions ---------------------------------------------------------------
-    def _stolen_at(self, p: int) -> bool:
+    def _reserved_at(self, p: int) -> bool:
         k = self.total - 1 - p
-        return k // self.world < self.stolen[k % self.world]
+        return k // self.world < self.reserve[k % self.world]
 
     def _skip(self) -> None:
-        while self.cursor < self.total and self._stolen_at(self.cursor):
+        while self.cursor < self.total and self._reserved_at(self.cursor):
             self.cursor += 1
 
     @property
     def left(self) -> int:
-        """Positions neither dealt nor stolen."""
+        """Positions neither dealt nor taken from a reserve."""
         span = self.total - 1 - self.cursor  # class positions at or past the cursor: N k + r <= span
-        taken_back = sum(min(s, (span - r) // self.world + 1) for r, s in enumerate(self.stolen) if span >= r)
+        taken_back = sum(min(s, (span - r) // self.world + 1) for r, s in enumerate(self.reserve) if span >= r)
         return self.total - self.cursor - taken_back
 
     def undealt(self) -> list[int]:
-        """The positions neither dealt nor stolen, in order."""
-        return [p for p in range(self.cursor, self.total) if not self._stolen_at(p)]
+        """The positions neither dealt nor taken from a reserve, in order."""
+        return [p for p in range(self.cursor, self.total) if not self._reserved_at(p)]
 
     @property
     def done(self) -> bool:
-        """Every position has been dealt or stolen."""
+        """Every position has been dealt or taken from a reserve."""
         return self.left == 0
 
-    def steal_position(self, rank: int, k: int) -> int | None:
-        """The position of rank `rank`'s k-th steal (its class, from the end), or None if that one was
-        already dealt (it lies before the cursor): the rank is then dry."""
+    def reserve_position(self, rank: int, k: int) -> int | None:
+        """The position of rank `rank`'s k-th reserve take (its class, from the end), or None if that
+        one was already dealt (it lies before the cursor): the rank is then dry."""
         p = self.total - 1 - (self.world * k + rank)
         return p if p >= self.cursor else None
 
@@ -205,33 +205,33 @@ class Dealer:
         out: list[list[int]] = [[] for _ in range(self.world)]
         for _ in range(self.lead):
             for r in range(self.world):
-                if self.cursor < self.total:  # nothing is stolen before the first deal
+                if self.cursor < self.total:  # no reserve is taken before the first deal
                     out[r].append(self._give(r))
         return out
 
     def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None,
-             stolen: Sequence[int] | None = None, need: Sequence[int] | None = None) -> list[list[int]]:
+             reserve: Sequence[int] | None = None, need: Sequence[int] | None = None) -> list[list[int]]:
         """One round's deal from the gathered ``taken`` counts, ``cost`` sums (ints, `COST_SCALE`),
-        ``dry`` flags (a rank whose source ended early gets nothing more, ever), ``stolen``
+        ``dry`` flags (a rank whose source ended early gets nothing more, ever), ``reserve``
         counts (cumulative) and ``need`` (per rank, the most it takes before the next deal,
         ``need_r``; None: ``lead`` for every rank; module docstring)."""
         dry = [0] * self.world if dry is None else list(dry)
-        stolen = self.stolen if stolen is None else list(stolen)
+        reserve = self.reserve if reserve is None else list(reserve)
         need = [self.lead] * self.world if need is None else [int(v) for v in need]
-        if not len(taken) == len(cost) == len(dry) == len(stolen) == len(need) == self.world:
-            raise ValueError(f"deal needs {self.world} taken, cost, dry, stolen and need values, got "
-                             f"{len(taken)}, {len(cost)}, {len(dry)}, {len(stolen)} and {len(need)}")
+        if not len(taken) == len(cost) == len(dry) == len(reserve) == len(need) == self.world:
+            raise ValueError(f"deal needs {self.world} taken, cost, dry, reserve and need values, got "
+                             f"{len(taken)}, {len(cost)}, {len(dry)}, {len(reserve)} and {len(need)}")
         if min(need) < 0:
             raise ValueError(f"deal got a negative need {need}")
         for r in range(self.world):
-            if stolen[r] < self.stolen[r]:
-                raise ValueError(f"rank {r} reports {stolen[r]} stolen after {self.stolen[r]}")
-            self.dealt[r] += stolen[r] - self.stolen[r]
+            if reserve[r] < self.reserve[r]:
+                raise ValueError(f"rank {r} reports {reserve[r]} reserve takes after {self.reserve[r]}")
+            self.dealt[r] += reserve[r] - self.reserve[r]
             if not 0 <= taken[r] <= self.dealt[r]:
                 raise ValueError(f"rank {r} reports {taken[r]} taken of {self.dealt[r]} given")
             if dry[r]:
                 self.closed[r] = True
-        self.stolen = [int(v) for v in stolen]
+        self.reserve = [int(v) for v in reserve]
         self._skip()
         self.rounds += 1
         out: list[list[int]] = [[] for _ in range(self.world)]
@@ -249,14 +249,14 @@ class Dealer:
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
         heap = [(cost[r] + pend[r] * mu, r) for r in live]
         heapq.heapify(heap)
-        for _ in range(left):  # each give takes one position neither dealt nor stolen
+        for _ in range(left):  # each give takes one position neither dealt nor reserved
             est, r = heapq.heappop(heap)
             out[r].append(self._give(r))
             heapq.heappush(heap, (est + mu, r))
         return out
 
     def _give_many(self, r: int, k: int) -> list[int]:
-        if not any(self.stolen):  # nothing taken from the end yet: the next k positions in one piece
+        if not any(self.reserve):  # nothing taken from the end yet: the next k positions in one piece
             out = list(range(self.cursor, self.cursor + k))
             self.cursor += k
             self.dealt[r] += k
@@ -272,7 +272,7 @@ class Dealer:
 
     def state_dict(self) -> dict:
         return {"total": self.total, "world": self.world, "lead": self.lead, "cursor": self.cursor,
-                "dealt": list(self.dealt), "stolen": list(self.stolen), "closed": list(self.closed),
+                "dealt": list(self.dealt), "reserve": list(self.reserve), "closed": list(self.closed),
                 "rounds": self.rounds}
 
     def load_state_dict(self, state: dict) -> None:
@@ -281,5 +281,68 @@ class Dealer:
                              f"not total={self.total} world={self.world}")
         self.lead, self.cursor, self.rounds = int(state["lead"]), int(state["cursor"]), int(state["rounds"])
         self.dealt = [int(v) for v in state["dealt"]]
-        self.stolen = [int(v) for v in state["stolen"]]
+        self.reserve = [int(v) for v in state["reserve"]]
         self.closed = [bool(v) for v in state["closed"]]
+
+
+class DealtOrder:
+    """One epoch of dealt sharding on one rank: the epoch's global order of keys still to emit
+    (identical on every rank), this rank's replica of the `Dealer`, and the keys dealt to this
+    rank in the order its data source reads them (`key`).
+
+    `first` and `deal` apply a deal (every rank applies the same deals, from gathered numbers
+    only) and return this rank's new keys.  `key(i)` answers the source's i-th read: a dealt
+    key, else (while more may still be dealt) this rank's next reserve position, which it
+    counts in `reserve_taken` and reports in its next header; else None.  A None while more
+    could have been dealt makes the rank *dry* (`dry`): its source ends and the dealer deals
+    it nothing more (module docstring).  Pure: no torch, no threads.
+    """
+
+    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None):
+        self.order, self.rank, self.stats = list(keys), rank, stats
+        self.dealer = Dealer(len(self.order), world_size, lead)
+        self.keys: list[tuple[int, Any]] = []  # this rank's keys, as its source reads them
+        self.reserve_taken = 0                 # reserve positions this rank took itself (in its headers)
+        self.dry = False                       # a read found nothing while more could have been dealt
+
+    @property
+    def done(self) -> bool:
+        """Every position of the order has been dealt or taken from a reserve."""
+        return self.dealer.done
+
+    def first(self) -> list[tuple[int, Any]]:
+        """The first deal (before any cost is known): this rank's keys."""
+        return self._mine(self.dealer.start())
+
+    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
+             reserve: Sequence[int], need: Sequence[int] | None = None) -> list[tuple[int, Any]]:
+        """One round's deal from the gathered numbers (`Dealer.deal`): this rank's new keys."""
+        return self._mine(self.dealer.deal(taken, cost, dry, reserve, need))
+
+    def _mine(self, parts: list[list[int]]) -> list[tuple[int, Any]]:
+        mine = [self.order[p] for p in parts[self.rank]]
+        self.keys.extend(mine)
+        if self.stats is not None:
+            self.stats.dealt += len(mine)
+        return mine
+
+    def key(self, i: int) -> tuple[int, Any] | None:
+        """The key of this rank's i-th read (reads come in order i = 0, 1, ...), or None: the end."""
+        if i < len(self.keys):
+            return self.keys[i]
+        if self.done or self.dry:
+            return None
+        p = self.dealer.reserve_position(self.rank, self.reserve_taken)
+        if self.stats is not None:
+            self.stats.reserve_taken += p is not None
+            self.stats.ran_dry += p is None
+        if p is None:
+            self.dry = True
+            return None
+        self.reserve_taken += 1
+        self.keys.append(self.order[p])
+        return self.keys[-1]
+
+    def undealt(self) -> list:
+        """The dataset indices (second key items) not dealt to any rank yet."""
+        return [self.order[p][1] for p in self.dealer.undealt()]

@@ -5,11 +5,11 @@ Legend
     S        the alignment policy's ``summary_len``
     L        the length of `odb.batching.deal.intake_ladder` (W): 20 for W = 1024
     header   int64[H], H = 7 + S + L + 3W (`header_len`):
-             [st, round, n, summary(S), taken, cost, dry, stolen, intake(L), counts(3W)]
+             [st, round, n, summary(S), taken, cost, dry, reserve, intake(L), counts(3W)]
              ``st`` and ``n`` are the table's payload (``st = in.quit``,
              ``n = buf``); ``round`` is a diagnostic slot (the engine checks
              that every rank posted the same round; the table does not read
-             it); ``taken, cost, dry, stolen`` feed dealt sharding (items this
+             it); ``taken, cost, dry, reserve`` feed dealt sharding (items this
              rank's source returned this epoch, their summed cost x
              ``COST_SCALE``, whether its key iterator ran dry, keys it took
              itself; posted always, read only when dealing); ``intake`` is
@@ -44,7 +44,7 @@ proposal.  ``choose`` asks the policy for ``use`` (via ``partition``) and
 ``take``.  The engine computes no target, stop or filler count itself.
 
 Dealt sharding (``deal``, a `DealtOrder`): right after each round's
-collective, every rank feeds the gathered ``taken, cost, dry, stolen`` and each
+collective, every rank feeds the gathered ``taken, cost, dry, reserve`` and each
 rank's bound on its next fill (`odb.batching.deal.intake_bound` of the gathered
 ``n``, ``intake`` and the round's target, plus the inner DataLoader's prefetch
 and one) to its replica
@@ -76,12 +76,13 @@ from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA
 from .info import LoaderStats, StepInfo
 from ..batching.deal import intake_bound, intake_ladder, policy_intake, sample_cost
-from .source import DealtOrder, Item, Source, _Failure
+from ..batching.deal import DealtOrder
+from .source import Item, Source, _Failure
 from .trace import TraceWriter
 
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_len"]
 
-_DEAL = 4  # header ints for dealt sharding: taken, cost, dry, stolen
+_DEAL = 4  # header ints for dealt sharding: taken, cost, dry, reserve
 
 
 def header_len(summary_len: int, W: int) -> int:
@@ -383,7 +384,7 @@ class Engine:
             self._local_error(e)
             summary, intake = [0] * self.S, [0] * self._lad
         deal = [self.source.pulled, self._cost_taken, int(self.source.dry),
-                0 if self.deal is None else self.deal.stolen]
+                0 if self.deal is None else self.deal.reserve_taken]
         header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *deal, *intake,
                   *self._counts]
         self._counts = [0] * (3 * self.W)
@@ -439,8 +440,7 @@ class Engine:
             target = self._target()
             extra = self.source.ahead + 1  # what the inner DataLoader may pull ahead, and one
             need = [intake_bound(self.W, h[2], h[d + _DEAL:self._off], target) + extra for h in headers]
-            keys = self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)), need=need)
-            self.source.extend(keys, open=not self.deal.done)
+            self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)), need=need)
         self.stats.collective_s += time.perf_counter() - t0
 
     def _after_collect(self, s: machine.Step) -> dict:

@@ -37,7 +37,8 @@ from ..batching.cost import BudgetCost
 from .engine import CLOSED, FAILED, Batch, Engine
 from .engine import header_len as engine_header_len
 from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
-from .source import DealtOrder, Source, shard_order
+from ..batching.deal import DealtOrder
+from .source import Source, shard_order
 from .trace import TraceWriter, trace_path
 
 __all__ = ["ODBDataLoader"]
@@ -410,7 +411,8 @@ class ODBDataLoader:
             done = self._all_done()
             deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in done], self.world_size, self.rank,
                               lead=self.buffer_size + self._source.ahead + 1, stats=self.stats)
-            self._source.start(deal.first(), frozenset(), deal=deal)
+            deal.first()
+            self._source.start(None, frozenset(), deal=deal)
         else:
             keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in self._done]
             self._source.start(keys, frozenset(self._done))

@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from ..batching.deal import Dealer
+from ..batching.deal import DealtOrder
 from ..errors import SampleError
 
-__all__ = ["Source", "Item", "DealtOrder", "default_length", "count_labels", "shard_order"]
+__all__ = ["Source", "Item", "default_length", "count_labels", "shard_order"]
 
 
 class _Failure:
@@ -130,35 +130,30 @@ class _IterFetch(IterableDataset):
 class _Keys(Sampler):
     """Yields this epoch's ``(position, index)`` keys; reassigned per epoch (works with persistent workers).
 
-    With dealt sharding (``open``) keys are appended while the epoch runs; an
-    iterator that reaches the end while more may come takes a key itself
-    (``steal``: the next of this rank's reserve class, see `odb.batching.deal`)
-    and, when there is none, has run *dry*: it ends (the rank's source is
-    exhausted) and says so in ``dry``, so the dealer deals this rank nothing
-    more.  It never blocks: the thread that pulls keys is the engine thread
-    that runs the deals.
+    Fixed shards: the list `keys`.  Dealt sharding: `deal` (`odb.batching.deal.DealtOrder`) answers
+    each read, its keys growing while the epoch runs (and, between deals, from this rank's reserve);
+    the iterator ends when it answers None.  It never blocks: the thread that pulls keys is the
+    engine thread that applies the deals.
     """
 
     def __init__(self) -> None:
         self.keys: list = []
-        self.open = False
-        self.dry = False
-        self.steal: Callable[[], Any] | None = None
+        self.deal: DealtOrder | None = None
 
     def __iter__(self):
         i = 0
         while True:
-            if i == len(self.keys):
-                key = self.steal() if self.open and self.steal is not None else None
-                if key is None:
-                    self.dry = self.open
-                    return
-                self.keys.append(key)
-            yield self.keys[i]
+            if self.deal is not None:
+                key = self.deal.key(i)
+            else:
+                key = self.keys[i] if i < len(self.keys) else None
+            if key is None:
+                return
+            yield key
             i += 1
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.keys) if self.deal is None else len(self.deal.keys)
 
 
 def _identity(x):
@@ -177,48 +172,6 @@ def shard_order(num_samples: int, rank: int, world_size: int, shuffle: bool, see
     else:
         perm = list(range(num_samples))
     return perm[rank::world_size]
-
-
-class DealtOrder:
-    """Dealt sharding for one epoch, replicated on every rank: the epoch's global order of
-    ``(position, index)`` keys still to emit (identical on every rank) and the `Dealer` that deals
-    them.  `first` and `deal` return this rank's share of a deal, as keys."""
-
-    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None):
-        self.keys, self.rank, self.stats = list(keys), rank, stats
-        self.dealer = Dealer(len(self.keys), world_size, lead)
-        self.stolen = 0  # keys this rank took itself (reported in its headers)
-
-    @property
-    def done(self) -> bool:
-        return self.dealer.done
-
-    def first(self) -> list[tuple[int, Any]]:
-        return self._mine(self.dealer.start())
-
-    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
-             stolen: Sequence[int], need: Sequence[int] | None = None) -> list[tuple[int, Any]]:
-        return self._mine(self.dealer.deal(taken, cost, dry, stolen, need))
-
-    def _mine(self, parts: list[list[int]]) -> list[tuple[int, Any]]:
-        if self.stats is not None:
-            self.stats.dealt += len(parts[self.rank])
-        return [self.keys[p] for p in parts[self.rank]]
-
-    def steal(self) -> tuple[int, Any] | None:
-        """This rank's next reserve key, between deals (None: dry)."""
-        p = self.dealer.steal_position(self.rank, self.stolen)
-        if self.stats is not None:
-            self.stats.reserve_taken += p is not None
-            self.stats.ran_dry += p is None
-        if p is None:
-            return None
-        self.stolen += 1
-        return self.keys[p]
-
-    def undealt(self) -> list:
-        """Dataset indices not dealt to any rank yet."""
-        return [self.keys[p][1] for p in self.dealer.undealt()]
 
 
 class Item:
@@ -268,11 +221,10 @@ class Source:
               deal: "DealtOrder | None" = None) -> None:
         """Begin an epoch over `keys` (map-style) or the whole stream minus the
         positions in `skip` (IterableDataset: skipped items are still read).
-        With `deal`, `keys` is its first deal and more come (`extend`) while the epoch runs."""
+        With `deal` (whose first deal is applied), `keys` is ignored: the deal answers every read."""
         if self._keys is not None:
-            self._keys.keys = list(keys or ())
-            self._keys.open, self._keys.dry = deal is not None and not deal.done, False
-            self._keys.steal = None if deal is None else deal.steal
+            self._keys.keys = [] if deal is not None else list(keys or ())
+            self._keys.deal = deal
         self._skip = skip if self.iterable else frozenset()
         self._pulled = 0
         self._it = iter(self._loader)
@@ -296,15 +248,10 @@ class Source:
                 return item
         return None
 
-    def extend(self, keys: Sequence[tuple[int, Any]], open: bool) -> None:
-        """Dealt sharding: append keys to this epoch's order; ``open=False`` once nothing more comes."""
-        self._keys.keys.extend(keys)
-        self._keys.open = bool(open)
-
     @property
     def dry(self) -> bool:
         """Dealt sharding: the key iterator ended while more keys could still have been dealt."""
-        return self._keys is not None and self._keys.dry
+        return self._keys is not None and self._keys.deal is not None and self._keys.deal.dry
 
     @property
     def pulled(self) -> int:
@@ -315,7 +262,8 @@ class Source:
         """Indices not yet pulled this epoch (None for an IterableDataset: its rest is unknown)."""
         if self._keys is None:
             return None
-        return [index for _, index in self._keys.keys[self._pulled:]]
+        keys = self._keys.keys if self._keys.deal is None else self._keys.deal.keys
+        return [index for _, index in keys[self._pulled:]]
 
     def stop(self) -> None:
         """End the epoch's iterator (non-persistent workers exit here)."""
