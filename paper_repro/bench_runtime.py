@@ -35,7 +35,7 @@ import torch
 
 import odb
 from odb.batching import default_policy
-from odb.runtime.engine import header_len as engine_header_len
+from odb.runtime.engine import header_layout
 
 __all__ = ["main", "loader_overhead", "collective_round", "training_wait"]
 
@@ -133,7 +133,7 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, header_len
 
 
 def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> dict:
-    header_len = engine_header_len(default_policy().summary_len, window)
+    header_len = header_layout(default_policy().summary_len, window).length
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")

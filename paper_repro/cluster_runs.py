@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from odb.runtime.engine import header_len as engine_header_len
+from odb.runtime.engine import header_layout
 
 from . import cluster_sim as cs
 
@@ -87,7 +87,7 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     sim_s = time.perf_counter() - t0
     shard_idx = [list(range(r, n, world_size)) for r in range(world_size)]
     sched = [[None if b is None else [shard_idx[r][i] for i in b] for b in res.batches[r]] for r in range(world_size)]
-    header_len = engine_header_len(default_policy().summary_len, window)
+    header_len = header_layout(default_policy().summary_len, window).length
     out["odb_pad"] = cs.simulate(plan_from_schedule(sched, lengths, filler), world_size,
                                  num_rounds=res.rounds, header_bytes=8 * header_len)
     out["odb_pad"]["rounds"] = res.rounds
@@ -128,7 +128,7 @@ def run_seeds(dist: str, world_size: int, samples_per_rank: int, window: int, bu
 def protocol_table(worlds, window: int) -> list[dict]:
     from odb.batching import default_policy
 
-    return [cs.protocol_cost(n, window, engine_header_len(default_policy().summary_len, window)) for n in worlds]
+    return [cs.protocol_cost(n, window, header_layout(default_policy().summary_len, window).length) for n in worlds]
 
 
 def run_all(full: bool = False, progress: bool = True) -> dict:

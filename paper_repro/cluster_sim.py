@@ -39,8 +39,8 @@ the simulation charges it.
 Protocol cost: the released package all-gathers ``[slots, groups, size per
 group..., token sum per group...]`` per rank per window (exact loss scaling),
 up to ``2 + 2W`` integers per rank; ODB all-gathers its runtime header,
-``7 + S + L + 3W`` integers per rank (`odb.runtime.engine.header_len`: status,
-round, window size, the policy summary, the dealer's 4 ints, L = 2 log2(W)
+``11 + S + L + 3W`` integers per rank (`odb.core.header.HeaderLayout`: status,
+round, window size, epoch and the 3-int replicated digest, the policy summary, the dealer's 4 ints, L = 2 log2(W)
 or fewer for the dealer's intake bound, and 3 counts per batch of the previous
 round for exact loss scaling), a fixed shape.  Both are
 O(N * W) integers received per rank and round; ODB's is about 1.5x the

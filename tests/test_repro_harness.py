@@ -38,13 +38,14 @@ def test_simulate_counts_samples_fillers_and_stragglers():
 
 def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
     from odb.batching import default_policy
-    from odb.runtime.engine import header_len
+    from odb.runtime.engine import header_layout
 
     for w in (64, 1024):
-        h = header_len(default_policy().summary_len, w)
+        h = header_layout(default_policy().summary_len, w).length
         p = cs.protocol_cost(64, w, h)
         lad = {64: 12, 1024: 20}[w]  # len(intake_ladder(w)): 1, 2, 3, 4, 6, 8, 12, ... w
-        assert h == 7 + default_policy().summary_len + lad + 3 * w  # the header the engine posts
+        # the header the engine posts: st, round, n, epoch, 3 digest ints, summary, 4 deal ints, ladder, counts
+        assert h == 11 + default_policy().summary_len + lad + 3 * w
         assert p["release_bytes"] == 64 * (2 + 2 * w) * 8 and p["odb_bytes"] == 64 * h * 8
 
 

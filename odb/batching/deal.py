@@ -96,7 +96,7 @@ from .cost import BudgetCost
 from .grouping import Group
 
 __all__ = ["Dealer", "DealtOrder", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
-           "policy_intake"]
+           "policy_intake", "first_lead", "round_needs"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
@@ -153,6 +153,22 @@ def intake_bound(window: int, n: int, ladder: Sequence[int], target: int) -> int
     lad = intake_ladder(window)
     j = next((i for i, t in enumerate(lad) if t >= target), len(lad) - 1)
     return max(0, int(window) - int(n)) + int(ladder[j])
+
+
+def first_lead(window: int, aheads: Sequence[int]) -> int:
+    """The first deal's lead, the same on every rank: the window, the largest prefetch any rank
+    posted (``aheads``: each rank's inner-DataLoader prefetch, gathered), and one."""
+    return int(window) + max((int(a) for a in aheads), default=0) + 1
+
+
+def round_needs(window: int, target: int, posted: Sequence[tuple[int, Sequence[int]]],
+                aheads: Sequence[int]) -> list[int]:
+    """Each rank's need for one round's deal, from gathered values only: its `intake_bound` (its
+    posted window size ``n`` and intake ladder, the round's target) plus its gathered prefetch
+    and one (what its inner DataLoader may pull ahead of its window before the next deal)."""
+    if len(posted) != len(aheads):
+        raise ValueError(f"round_needs got {len(posted)} posted headers and {len(aheads)} prefetch values")
+    return [intake_bound(window, n, ladder, target) + int(a) + 1 for (n, ladder), a in zip(posted, aheads)]
 
 
 class Dealer:

@@ -113,12 +113,18 @@ def fire(table: Table, row: Row, local: Mapping, inputs: Mapping, cfg: Mapping, 
 
 
 def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], cfg: Mapping,
-         choose: Callable[[Row, Choice, int, int, dict], int]) -> Step:
+         choose: Callable[[Row, Choice, int, int, dict], int],
+         selected: Callable[[Row], None] | None = None) -> Step:
     """Fire the one enabled row of this rank (the runtime's ``step()``).
 
     `inputs` may be a callable: an input is then requested only when a guard
-    needs it.  `choose(row, choice, lo, hi, params_so_far)` supplies each
-    choice.  Raises ProtocolError unless exactly one row is enabled.
+    needs it (or, for an input no guard read, when an update, a choice bound or
+    the effect's payload reads it).  `choose(row, choice, lo, hi, params_so_far)`
+    supplies each choice.  `selected(row)`, if given, is called once the row is
+    known and before its choices and effect are evaluated: the runtime prepares
+    a ``post`` row's header there, so an error in preparing it can still change
+    an input the payload has not read yet (``in.quit``).  Raises ProtocolError
+    unless exactly one row is enabled.
     """
     rec = _Recording(inputs)
     rows = enabled_rows(table, local, rec, cfg)
@@ -127,6 +133,8 @@ def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], c
             f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {rec.read}; "
             "the table must enable exactly one row per step")
     row = rows[0]
+    if selected is not None:
+        selected(row)
     params: dict = {}
     for c in row.choices:
         lo, hi = choice_bounds(table, row, c, local, rec, cfg, params)

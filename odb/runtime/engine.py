@@ -2,22 +2,10 @@
 
 Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
-    S        the alignment policy's ``summary_len``
-    L        the length of `odb.batching.deal.intake_ladder` (W): 20 for W = 1024
-    header   int64[H], H = 7 + S + L + 3W (`header_len`):
-             [st, round, n, summary(S), taken, cost, dry, reserve, intake(L), counts(3W)]
-             ``st`` and ``n`` are the table's payload (``st = in.quit``,
-             ``n = buf``); ``round`` is a diagnostic slot (the engine checks
-             that every rank posted the same round; the table does not read
-             it); ``taken, cost, dry, reserve`` feed dealt sharding (items this
-             rank's source returned this epoch, their summed cost x
-             ``COST_SCALE``, whether its key iterator ran dry, keys it took
-             itself; posted always, read only when dealing); ``intake`` is
-             `odb.batching.deal.policy_intake` of the window at the post
-             (zeros unless dealing), which bounds the rank's next fill;
-             ``counts[3k + b]`` is this rank's count b (tokens, label
-             tokens, samples) of its k-th batch of the PREVIOUS round
-             (k < T <= W), 0 for fillers and absent batches
+    header   one rank's round header, `odb.core.header.HeaderLayout` (named fields:
+             the table's payload ``st`` and ``n``, the round index, the epoch and
+             the replicated digest, the policy summary, the dealing fields and the
+             previous round's per-batch counts)
     quit     the rank's stop status, the table's input ``in.quit``: OK (0);
              CLOSED (1): the consumer stopped iterating (close(), a break, or
              garbage collection); FAILED (2): a local error (a fetch raised, the
@@ -36,22 +24,20 @@ error is recorded and handed to the consumer, quit becomes FAILED and the step
 is taken again (the table then picks ``post_header``).
 
 One runtime step is one table row: ``machine.step(DGAP, local, inputs, cfg,
-choose)``.  ``inputs`` is lazy: ``src_has`` pulls one sample from the source
-only when a guard asks; ``ready`` waits (at most ``timeout_s``) for the
-round's all-gather, then every collective input comes from
-``machine.collective_inputs`` over the gathered headers and the policy's
-proposal.  ``choose`` asks the policy for ``use`` (via ``partition``) and
-``take``.  The engine computes no target, stop or filler count itself.
+choose, selected)``.  ``inputs`` is lazy: ``src_has`` pulls one sample from the
+source only when a guard asks; ``ready`` waits (at most ``timeout_s``) for the
+round's all-gather, then `odb.core.replica.Replicated.decide` turns the
+gathered headers into the collective inputs, the proposal, the target and the
+deal (every rank alike).  ``selected`` prepares a ``post`` row's header (the
+policy's summary and intake) before the row's payload reads ``in.quit``, so a
+failure there is posted as ``st = FAILED`` in that very header.  ``choose``
+asks the policy for ``use`` (via ``partition``) and ``take``.  The engine
+computes no target, stop or filler count itself.
 
-Dealt sharding (``deal``, a `DealtOrder`): right after each round's
-collective, every rank feeds the gathered ``taken, cost, dry, reserve`` and each
-rank's bound on its next fill (`odb.batching.deal.intake_bound` of the gathered
-``n``, ``intake`` and the round's target, plus the inner DataLoader's prefetch
-and one) to its replica
-of the dealer and appends its share to its source's keys (see
-`odb.batching.deal`); the deal is a function of the gathered headers only, so
-every position goes to exactly one rank.  The table is unchanged: a dealt
-source is a finite source whose length is decided online.
+Dealt sharding: the replica applies each round's deal right after the
+collective (`odb.core.replica`); the source reads the rank's keys through the
+epoch's `odb.batching.deal.DealtOrder`.  The table is unchanged: a dealt source
+is a finite source whose length is decided online.
 
 Exact loss scaling: the batches of round r are held until the collective of
 round r+1 (or the final stop round) returns every rank's counts for them,
@@ -64,34 +50,37 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 
 from ..batching.base import call_partition, check_partition
+from ..batching.deal import intake_ladder, policy_intake, sample_cost
+from ..core.header import Header, HeaderLayout
+from ..core.replica import Replicated
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
-from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA
 from .info import LoaderStats, StepInfo
-from ..batching.deal import intake_bound, intake_ladder, policy_intake, sample_cost
-from ..batching.deal import DealtOrder
-from .source import Item, Source, _Failure
+from .source import Interrupted, Item, Source, _Failure
 from .trace import TraceWriter
 
-__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_len"]
-
-_DEAL = 4  # header ints for dealt sharding: taken, cost, dry, reserve
-
-
-def header_len(summary_len: int, W: int) -> int:
-    """Ints in one rank's header (module docstring)."""
-    return 3 + summary_len + _DEAL + len(intake_ladder(W)) + 3 * W
+__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout", "NO_LABELS_AFTER"]
 
 OK, CLOSED, FAILED = 0, 1, 2
 _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
            FAILED: "failed with a local error (its own exception says which)"}
+# loss_basis="label_tokens": when this many real samples (every rank's, from the gathered counts)
+# have been released in an epoch and not one label token among them, the data carries no labels
+# and every loss_scale would be 0: every rank raises (see `Engine._release`).
+NO_LABELS_AFTER = 64
+
+
+def header_layout(summary_len: int, W: int) -> HeaderLayout:
+    """The header layout of a loader with this policy summary length and window."""
+    return HeaderLayout(summary_len, W, len(intake_ladder(W)))
 
 
 class _Restart(Exception):
@@ -126,14 +115,13 @@ class Engine:
     def __init__(self, *, group, rank: int, world_size: int, W: int, mode: int, policy, cost,
                  source: Source, oversize: str, loss_slot: int, epoch: int, stats: LoaderStats,
                  timeout_s: float, template: Callable[[], Any], trace: TraceWriter | None,
-                 queue_size: int, deal: DealtOrder | None = None):
+                 queue_size: int, replica: Replicated, layout: HeaderLayout):
         self.group, self.rank, self.world_size = group, rank, world_size
         self.W, self.mode, self.policy, self.cost = W, mode, policy, cost
-        self.S = int(policy.summary_len)
-        self.header_len = header_len(self.S, W)
-        self._lad = len(intake_ladder(W))
-        self._off = 3 + self.S + _DEAL + self._lad  # where counts start in a header
-        self.deal = deal
+        self.layout, self.replica = layout, replica
+        self.header_len = layout.length
+        self.S, self._lad = layout.summary_len, layout.ladder_len
+        self.deal = replica.order
         self._sample_cost = sample_cost(cost)
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items the source returned
         self.cfg = {"W": W, "mode": mode, "header_len": self.header_len}
@@ -148,13 +136,19 @@ class Engine:
         self._held: list[Batch] = []     # this round's batches, released after the next collective
         self._counts: list[int] = [0] * (3 * W)
         self._fetched: Item | None = None
+        self._local: dict = {}           # the table state of the step being taken
+        self._prepared: tuple[list[int], list[int]] | None = None  # (summary, intake) of the next post
         self._coll: dict | None = None
-        self._gathered: list[list[int]] | None = None
-        self._last: list[list[int]] = []  # the headers of the last completed collective
+        self._target = 0
+        self._gathered: list[Header] | None = None
+        self._last: list[Header] = []    # the headers of the last completed collective
         self._work = None
         self._posted = 0                 # header collectives entered
         self._steps = 0                  # batches released (StepInfo.step)
-        self._template: Any = None
+        self._template: Any = None       # the filler template: the cheapest sample within budget seen
+        self._template_cost = 0.0
+        self._labels_seen = 0            # label tokens released this epoch (every rank's, gathered)
+        self._samples_seen = 0           # real samples released this epoch (every rank's, gathered)
         self._ended = False              # "end" was handed to the consumer
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{rank}", daemon=True)
 
@@ -186,9 +180,9 @@ class Engine:
         local = machine.initial_local(DGAP, self.cfg)
         seq = 0
         while local["ph"] != DONE:
-            self._fetched, self._coll, self._gathered = None, None, None
+            self._fetched, self._coll, self._gathered, self._local = None, None, None, local
             try:
-                s = machine.step(DGAP, local, self._input, self.cfg, self._choose)
+                s = machine.step(DGAP, local, self._input, self.cfg, self._choose, self._selected)
             except _Restart:
                 continue  # no row fired; quit is FAILED now, so the table takes post_header next
             extra = self._apply(s)
@@ -217,7 +211,7 @@ class Engine:
         """
         if self._quit != OK:
             return
-        bad = [(r, h[0]) for r, h in enumerate(self._last) if h[0] != OK]
+        bad = [(r, h.st) for r, h in enumerate(self._last) if h.st != OK]
         what = "; ".join(f"rank {r} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
         err = RankFailure(
             f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still "
@@ -244,6 +238,17 @@ class Engine:
             self._deliver_error(e)
         self.stop(FAILED)
 
+    def _replicated_error(self, e: BaseException) -> None:
+        """An error every rank raises alike (decided from gathered values): queued BEHIND the batches
+        already released, so every rank's consumer raises after the same number of batches; quit
+        becomes FAILED and the next collective takes every rank out through the abort row."""
+        if self.error is None:
+            self.error = e
+            if self.trace is not None:
+                self.trace.write({"local_error": f"{type(e).__name__}: {str(e)[:500]}"})
+            self._put(("error", e))
+        self.stop(FAILED)
+
     # -- inputs and choices (called by machine.step) ---------------------------
     def _input(self, name: str):
         if name == "quit":
@@ -251,6 +256,8 @@ class Engine:
         if name == "src_has":
             try:
                 self._fetched = self._fetch()
+            except Interrupted:  # the consumer stopped while the fetch waited: post the status instead
+                raise _Restart() from None
             except Exception as e:  # worker error, SampleError (oversize="error", no length), ...
                 self._local_error(e)
                 raise _Restart() from None
@@ -259,9 +266,26 @@ class Engine:
             self._collect()
         return self._coll[name]
 
-    def _target(self) -> int:
-        """The round's target: the table's own ``Let("target")`` on this round's collective inputs."""
-        return int(evaluate(Let("target"), Scope(inputs=self._coll, cfg=self.cfg, lets=DGAP.let_map)))
+    def _selected(self, row) -> None:
+        """`machine.step` has chosen `row`: prepare a ``post`` row's header before its payload reads
+        ``in.quit`` (module docstring)."""
+        if row.effect.kind != "post":
+            return
+        sizes = [it.sizes for it in self._window]
+        try:
+            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self._local["x"]))]
+            if len(summary) != self.S:
+                raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
+            intake = ([0] * self._lad if self.deal is None else
+                      [int(v) for v in policy_intake(self.policy, sizes, self.cost, self.W)])
+            self._prepared = (summary, intake)
+        except Exception as e:
+            # Posted as st = FAILED in this header (the payload reads quit after this): every rank
+            # leaves through return_abort in this round; the placeholders are never read.
+            self._local_error(ProtocolError(
+                f"rank {self.rank}: the alignment policy {type(self.policy).__name__} failed to summarize its "
+                f"window of {len(sizes)} samples in round {self._posted}: {type(e).__name__}: {e}"))
+            self._prepared = ([0] * self.S, [0] * self._lad)
 
     def _choose(self, row, choice, lo: int, hi: int, params: dict) -> int:
         if self._quit != OK:
@@ -271,11 +295,11 @@ class Engine:
             if real == 0:
                 self._groups = []
                 return 0
-            target = self._target()
+            target = self._target
             sizes = [it.sizes for it in self._window]
             try:
                 groups = call_partition(self.policy, sizes, target, real, self.cost,
-                                        [h[3:3 + self.S] for h in self._gathered])  # this round's summaries
+                                        [list(h.summary) for h in self._gathered])  # this round's summaries
                 check_partition(groups, len(sizes), real, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._local_error(ProtocolError(
@@ -298,9 +322,10 @@ class Engine:
 
         Drops (None), empty samples and skipped oversize samples are counted
         and passed over here, so the table only ever sees usable samples.
+        Raises `Interrupted` when this rank is told to stop while the fetch waits.
         """
         while True:
-            raw = self.source.next()
+            raw = self.source.next(stopping=lambda: self._quit != OK)
             if raw is None:
                 return None
             pos, index, sample, meas = raw
@@ -316,7 +341,8 @@ class Engine:
             if sizes[0] == 0:
                 self.stats.empty += 1
                 continue
-            if not self.cost.fits([sizes]):
+            fits = self.cost.fits([sizes])
+            if not fits:
                 self.stats.oversize += 1
                 if self.oversize == "error":
                     raise SampleError(
@@ -329,13 +355,15 @@ class Engine:
             item = Item(pos, index, sample, sizes, labels)
             if self.deal is not None:
                 self._cost_taken += self._sample_cost(sizes)
-            if self._template is None:
-                self._template = sample
+            if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
+                c = self.cost.utilisation([sizes])
+                if self._template is None or c < self._template_cost:
+                    self._template, self._template_cost = sample, c
             return item
 
     # -- effects ------------------------------------------------------------------
     def _apply(self, s: machine.Step) -> dict:
-        if s.row == "take_sample":
+        if s.effect == "fetch" and s.inputs.get("src_has"):
             self._window.append(self._fetched)
         elif s.effect == "post":
             return self._post(s)
@@ -371,22 +399,13 @@ class Engine:
     def _post(self, s: machine.Step) -> dict:
         if s.payload["shape"] != self.header_len:
             raise ProtocolError(f"table header shape {s.payload['shape']} != engine header {self.header_len}")
-        sizes = [it.sizes for it in self._window]
-        try:
-            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(s.after["x"]))]
-            if len(summary) != self.S:
-                raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {self.S}")
-            intake = ([0] * self._lad if self.deal is None else
-                      [int(v) for v in policy_intake(self.policy, sizes, self.cost, self.W)])
-        except Exception as e:
-            # The row has fired with this step's st; the header must still be posted (peers wait for
-            # it), so post a neutral summary and let the next header carry st = FAILED.
-            self._local_error(e)
-            summary, intake = [0] * self.S, [0] * self._lad
-        deal = [self.source.pulled, self._cost_taken, int(self.source.dry),
-                0 if self.deal is None else self.deal.reserve_taken]
-        header = [int(s.payload["st"]), self._posted, int(s.payload["n"]), *summary, *deal, *intake,
-                  *self._counts]
+        summary, intake = self._prepared
+        self._prepared = None
+        header = self.layout.encode(
+            st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.replica.epoch,
+            digest=self.replica.digest(), summary=summary, taken=self.source.pulled, cost=self._cost_taken,
+            dry=int(self.source.dry), reserve=0 if self.deal is None else self.deal.reserve_taken,
+            intake=intake, counts=self._counts)
         self._counts = [0] * (3 * self.W)
         self._enter(header)
         return {"round": self._posted - 1, "summary": summary}
@@ -419,28 +438,11 @@ class Engine:
         return [t.tolist() for t in self._recv]
 
     def _collect(self) -> None:
-        rnd = self._posted - 1
         t0 = time.perf_counter()
-        headers = self._wait()
-        rounds = {h[1] for h in headers}
-        if rounds != {rnd}:  # every rank sees the same headers, so every rank raises this
-            raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds "
-                                f"{[h[1] for h in headers]}")
-        summaries = [h[3:3 + self.S] for h in headers]
-        proposal = int(self.policy.propose(summaries, self.W))
-        lo = evaluate(DGAP.proposal.lo, Scope(cfg=self.cfg))
-        hi = evaluate(DGAP.proposal.hi, Scope(cfg=self.cfg))
-        if not lo <= proposal <= hi:
-            raise ProtocolError(f"policy proposal {proposal} outside the table's bounds [{lo}, {hi}] "
-                                f"in round {rnd}")
-        self._coll = machine.collective_inputs(DGAP, _table_headers(headers), proposal, self.cfg)
-        self._gathered = self._last = headers
-        if self.deal is not None and not self.deal.done:
-            d = 3 + self.S
-            target = self._target()
-            extra = self.source.ahead + 1  # what the inner DataLoader may pull ahead, and one
-            need = [intake_bound(self.W, h[2], h[d + _DEAL:self._off], target) + extra for h in headers]
-            self.deal.deal(*([h[d + j] for h in headers] for j in range(_DEAL)), need=need)
+        rows = [self.layout.decode(h) for h in self._wait()]
+        decision = self.replica.decide(rows)  # every rank alike, from the gathered rows only
+        self._coll, self._target = decision.inputs, decision.target
+        self._gathered = self._last = rows
         self.stats.collective_s += time.perf_counter() - t0
 
     def _after_collect(self, s: machine.Step) -> dict:
@@ -450,28 +452,53 @@ class Engine:
         if s.row == "return_abort":
             self._held = []  # the epoch ends here on every rank: the last round's batches are not released
         else:
-            self._release(headers)
+            self._release(headers, final=s.after["ph"] == DONE)
         if s.row == "return_stop" and self.mode == QUOTA:
             self._count_unemitted()
         extra = {"round": rnd, "collective": {
-            "headers": _table_headers(headers), "summaries": [h[3:3 + self.S] for h in headers],
-            "rounds": [h[1] for h in headers], "inputs": dict(self._coll)}}
+            "headers": [{"st": h.st, "n": h.n, "shape": self.header_len} for h in headers],
+            "summaries": [list(h.summary) for h in headers], "rounds": [h.round for h in headers],
+            "replicated": [[h.epoch, h.deal, h.target, h.proposal] for h in headers],
+            "inputs": dict(self._coll)}}
         return extra
 
-    def _release(self, headers: list[list[int]]) -> None:
-        """Hand the previous round's batches to the consumer with their global counts."""
+    def _release(self, headers: list[Header], final: bool) -> None:
+        """Hand the previous round's batches to the consumer with their global counts.
+
+        ``loss_basis="label_tokens"``: a step whose batches hold tokens but no label token on
+        any rank gets ``loss_scale = 0`` on every rank (nothing to learn from; counted in
+        ``stats.zero_label_steps``); once `NO_LABELS_AFTER` real samples of this epoch (every
+        rank's) were released without a single label token, or the epoch ends so, every rank
+        raises SampleError in the same step: the samples carry no labels and every scale would
+        be 0 (a silent no-op training).
+        """
         held, self._held = self._held, []
-        off = self._off
+        steps = []
         for k, b in enumerate(held):
-            g = [sum(h[off + 3 * k + j] for h in headers) for j in range(3)]
+            g = [sum(h.count(k, j) for h in headers) for j in range(3)]
             loc = b.counts
             basis_g = g[self.loss_slot]
             scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
+            if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
+                self.stats.zero_label_steps += 1
+            self._labels_seen += g[1]
+            self._samples_seen += g[2]
             b.info = StepInfo(indices=() if b.filler else b.indices, filler=b.filler, local_samples=loc[2],
                               global_samples=g[2], local_tokens=loc[0], global_tokens=g[0],
                               local_label_tokens=loc[1], global_label_tokens=g[1], loss_scale=scale,
                               step=self._steps, round=self._posted - 2, epoch=self.epoch)
             self._steps += 1
+            steps.append(b)
+        if self.loss_slot == 1 and self._labels_seen == 0 and self._samples_seen > 0 and (
+                self._samples_seen >= NO_LABELS_AFTER or final):
+            # every rank sees the same gathered counts, so every rank raises after the same step
+            self._replicated_error(SampleError(
+                f"rank {self.rank}: {self._samples_seen} samples of epoch {self.epoch} (all ranks) hold "
+                "tokens but not one label token (labels all -100, or shift_labels=True on one-token "
+                "labels): with loss_basis='label_tokens' every loss_scale would be 0 and the model would "
+                "never change. Give the samples 'labels', or pass loss_basis='tokens'"))
+            return
+        for b in steps:
             self._put(("batch", b))
 
     def _count_unemitted(self) -> None:
@@ -510,8 +537,3 @@ class Engine:
             return  # this rank stopped itself; its consumer already has its own error or is gone
         self.error = e
         self._deliver_error(e)
-
-
-def _table_headers(headers: list[list[int]]) -> list[dict]:
-    """The table's view of the gathered headers: the payload (``st``, ``n``) and the shape."""
-    return [{"st": h[0], "n": h[2], "shape": len(h)} for h in headers]

@@ -92,6 +92,8 @@ class LoaderStats:
     empty: int = 0              # length 0 (skipped, counted)
     oversize: int = 0           # over the budget (emitted alone with oversize="alone")
     oversize_skipped: int = 0   # over the budget and skipped (oversize="skip")
+    zero_label_steps: int = 0   # loss_basis="label_tokens": steps with tokens but no label token on any rank
+                                # (loss_scale 0 there: nothing to learn from)
     unemitted: int = 0          # QUOTA: samples left when the epoch stopped
     unemitted_indices: list = field(default_factory=list)
     dealt: int = 0              # sharding="dealt": keys this rank was dealt (first deal included)

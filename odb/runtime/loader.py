@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import queue
 import time
 import warnings
-import zlib
+import weakref
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -30,15 +31,16 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import IterableDataset
 
+from .. import __version__
+from ..batching.collate import pad_collate
+from ..batching.deal import DealtOrder, first_lead
+from ..core.replica import Replicated
+from ..core.shared import PARAMETERS, Shared, describe_cost, describe_policy, mismatches
 from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol.table import DGAP, MODES
-from ..batching.collate import pad_collate
-from ..batching.cost import BudgetCost
-from .engine import CLOSED, FAILED, Batch, Engine
-from .engine import header_len as engine_header_len
+from .engine import CLOSED, FAILED, Batch, Engine, header_layout
 from .info import LOSS_BASES, STEP_INFO_KEY, LoaderStats
-from ..batching.deal import DealtOrder
-from .source import Source, shard_order
+from .source import Source, _measure, shard_order
 from .trace import TraceWriter, trace_path
 
 __all__ = ["ODBDataLoader"]
@@ -48,16 +50,18 @@ _OVERSIZE = ("alone", "skip", "error")
 _LOADER_IDS = itertools.count()
 
 
-def _first_usable(dataset, order: list, limit: int = 16):
-    """A filler template for a rank whose shard is empty (map-style): the first of up to
-    `limit` indices (its own order, else 0, 1, ...) whose preprocessing returns a sample."""
+def _first_usable(dataset, order: list, fits: Callable, limit: int = 16):
+    """A filler template for a rank that has seen no sample within budget (map-style): the first
+    of up to `limit` indices (its own order, else 0, 1, ...) whose preprocessing returns a
+    sample within the budget (`fits`), so a filler never costs more than the budget."""
     candidates = (order or list(range(min(len(dataset), limit))))[:limit]
     for idx in candidates:
         sample = dataset[idx]
-        if sample is not None:
+        if sample is not None and fits(sample):
             return sample
-    raise SampleError(f"no sample to build a PAD filler batch from: dataset indices {candidates} all "
-                      "returned None; pass filler_sample=... or use mode='join'")
+    raise SampleError(f"no sample to build a PAD filler batch from: dataset indices {candidates} returned "
+                      "None or samples over the budget; pass filler_sample=<a processed sample within the "
+                      "budget> or use mode='join'")
 
 
 def _no_template(rank: int):
@@ -76,15 +80,21 @@ class _Pass:
     def __init__(self, loader: "ODBDataLoader", eng: Engine):
         self._loader, self._eng = loader, eng
         self._unemitted0 = loader.stats.unemitted
+        self.epoch = eng.epoch
         self._open = True
 
     def __iter__(self) -> "_Pass":
         return self
 
     def __next__(self) -> MutableMapping:
+        loader, eng = self._loader, self._eng
+        if loader._closed:
+            self._open = False
+            raise ConfigError(f"rank {loader.rank}: this ODBDataLoader was closed (close(), a with block or "
+                              "garbage collection) while this iterator was held; its batches are gone. Iterate a "
+                              "new loader (built alike on every rank)")
         if not self._open:
             raise StopIteration
-        loader, eng = self._loader, self._eng
         try:
             t0 = time.perf_counter()
             kind, payload = loader._get(eng)
@@ -92,7 +102,7 @@ class _Pass:
             if kind == "error":
                 raise payload
             if kind == "batch":
-                return loader._collate(payload)
+                return loader._collate(payload, self.epoch)
         except BaseException:
             self._stop(FAILED)
             raise
@@ -115,10 +125,6 @@ class _Pass:
             self._stop(CLOSED)
         except Exception:
             pass
-
-
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
 
 
 def _ranges(positions: set) -> list[list[int]]:
@@ -194,15 +200,22 @@ class ODBDataLoader:
     :param length_fn: sample -> int or tuple of ints (sizes per resource, tokens first);
         default ``len(sample["input_ids"])``.  Runs in the workers (must be picklable
         under spawn).  Length 0 samples are skipped and counted (``stats.empty``).
-    :param filler_sample: a processed sample used to build PAD fillers on a rank that
-        has seen no sample (default: the rank's first sample; for an empty map-style
-        shard, the first of dataset[0..15] that is not None).
+    :param filler_sample: a processed sample (within the budget) used to build PAD fillers
+        on a rank that has seen no sample within the budget (default: the cheapest such
+        sample the rank has seen; for a map-style rank that has seen none, the first of
+        its order, else dataset[0..15], that is not None and fits).  A filler never
+        costs more than the budget.
     :param process_group: the data-parallel group to align (default: the whole world).
         With a subgroup, only its members construct the loader.
-    :param timeout_s: bound on every header collective; a peer that died or stalled
-        longer makes this rank raise `odb.RankFailure`.  With ``num_workers > 0`` it
-        also bounds the wait for one preprocessed sample (DataLoader ``timeout``): a
-        hung worker fails this rank, and the table's abort takes every rank out.
+    :param timeout_s: how long a rank waits for its slowest peer at a header collective,
+        and (with ``num_workers > 0``) for one preprocessed sample.  A peer that is *slow*
+        (its consumer pausing, e.g. rank 0 alone saving a checkpoint while the others are
+        a batch ahead) is waited for up to this long; past it this rank raises
+        `odb.RankFailure` (a *hung* peer or worker).  A peer *dead* (its process gone) is
+        seen by the transport within seconds whatever this is, and a dead worker within
+        ``odb.runtime.source.POLL_S``.  Default 1800 s, torch.distributed's own default
+        collective timeout: set it to at least the longest pause of one rank between
+        two batches.
     :param trace_dir: if set, every rank writes a JSONL trace per pass (see `odb.runtime.trace`).
 
     World size 1 (or no initialized process group) needs no group.  ``len(loader)``
@@ -218,9 +231,9 @@ class ODBDataLoader:
                  buffer_size: int = 256, mode: str = "pad", cost: Any = "padded", policy=None,
                  oversize: str = "alone", loss_basis: str = "label_tokens", shift_labels: bool = False,
                  length_fn: Callable | None = None, filler_sample: Mapping | None = None,
-                 process_group=None, timeout_s: float = 300.0, trace_dir: str | None = None):
+                 process_group=None, timeout_s: float = 1800.0, trace_dir: str | None = None):
         self._closed = True  # until construction completes (close() / __del__ are then no-ops)
-        self._check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers)
+        self._check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers, seed)
         iterable = isinstance(dataset, IterableDataset)
         if iterable and sampler is not None:
             raise ConfigError("sampler= cannot be used with an IterableDataset (it yields its own stream); "
@@ -243,12 +256,17 @@ class ODBDataLoader:
         self.timeout_s, self.trace_dir, self.filler_sample = float(timeout_s), trace_dir, filler_sample
         self.cost, self.policy = self._make_policy(cost, policy, token_budget)
         self.token_budget = token_budget
-        self.rank, self.world_size, self._group = self._make_group(process_group)
-        self._agree(dataset)
+        self._length_fn = length_fn
+        if filler_sample is not None:
+            self._check_filler(filler_sample)
+        self.layout = header_layout(int(self.policy.summary_len), self.buffer_size)
+        self.shared = self._shared(dataset)
         self._source = Source(dataset, length_fn=length_fn, num_workers=num_workers,
                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                               multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn,
                               shift_labels=shift_labels, worker_timeout_s=float(timeout_s))
+        self.rank, self.world_size, self._group = self._make_group(process_group)
+        self._aheads = self._agree(self._source.ahead)  # every rank's prefetch, gathered
         self.stats = LoaderStats()
         self._loader_id = next(_LOADER_IDS)
         self._epoch = 0
@@ -257,13 +275,14 @@ class ODBDataLoader:
         self._passes = 0
         self._engine: Engine | None = None
         self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
+        self._pass = None             # a weak reference to the last pass (set_epoch refuses while it is open)
         self._num_positions = None   # length of this epoch's order (-1: IterableDataset), set per pass
         self._closed = False
 
     # -- construction helpers ---------------------------------------------------
     @staticmethod
-    def _check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers) -> None:
-        if not (isinstance(buffer_size, int) and buffer_size >= 1):
+    def _check_args(token_budget, buffer_size, mode, oversize, loss_basis, timeout_s, num_workers, seed) -> None:
+        if isinstance(buffer_size, bool) or not (isinstance(buffer_size, int) and buffer_size >= 1):
             raise ConfigError(f"buffer_size must be an int >= 1 (samples per rank per round), got {buffer_size!r}")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r} is not valid; valid: {sorted(MODES)}")
@@ -271,10 +290,12 @@ class ODBDataLoader:
             raise ConfigError(f"oversize={oversize!r} is not valid; valid: {list(_OVERSIZE)}")
         if loss_basis not in LOSS_BASES:
             raise ConfigError(f"loss_basis={loss_basis!r} is not valid; valid: {sorted(LOSS_BASES)}")
-        if not (timeout_s > 0):
-            raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-        if not (isinstance(num_workers, int) and num_workers >= 0):
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        if isinstance(num_workers, bool) or not (isinstance(num_workers, int) and num_workers >= 0):
             raise ConfigError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
         if isinstance(token_budget, bool) or not isinstance(token_budget, (int, float, Mapping)):
             raise ConfigError(f"token_budget must be a positive number (or a mapping for a multi-resource "
                               f"cost), got {token_budget!r}")
@@ -292,6 +313,33 @@ class ODBDataLoader:
             policy = batching.default_policy()
         return cost, policy
 
+    def _check_filler(self, sample) -> None:
+        try:
+            sizes, _ = _measure(sample, self._length_fn, self.shift_labels)
+        except Exception as e:
+            raise ConfigError(f"filler_sample cannot be measured ({type(e).__name__}: {e}); pass a processed "
+                              "sample like the dataset's") from None
+        if not self.cost.fits([sizes]):
+            raise ConfigError(f"filler_sample has sizes {sizes}, over the budget of cost {describe_cost(self.cost)}; "
+                              "every filler step would exceed the budget; pass a sample within the budget")
+
+    def _fits(self, sample) -> bool:
+        try:
+            return self.cost.fits([_measure(sample, self._length_fn, self.shift_labels)[0]])
+        except Exception:
+            return False
+
+    def _shared(self, dataset) -> Shared:
+        """The settings every rank's replicated decisions depend on (`odb.core.shared`)."""
+        # the default order (no sampler, map-style) is built on every rank from shuffle, seed and the
+        # dataset's length; with a sampler or an IterableDataset each rank brings its own samples
+        own_order = self.sampler is None and not isinstance(dataset, IterableDataset)
+        order = f"shuffle={self.shuffle} seed={self.seed} positions={len(dataset)}" if own_order else "own"
+        return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size,
+                      mode=self.mode, sharding=self.sharding, header_len=self.layout.length,
+                      policy=describe_policy(self.policy), cost=describe_cost(self.cost),
+                      loss_basis=self.loss_basis, shift_labels=self.shift_labels, order=order)
+
     def _make_group(self, process_group):
         import torch.distributed as dist
 
@@ -304,13 +352,18 @@ class ODBDataLoader:
         if world_size == 1:
             return rank, 1, None
         timeout = timedelta(seconds=self.timeout_s)
-        if process_group is None:
-            # SYNC: every rank of the default group must construct its loaders in the same order
-            group = dist.new_group(backend="gloo", timeout=timeout)
-        else:
-            ranks = dist.get_process_group_ranks(process_group)
-            # SYNC: every member of process_group must construct its loaders in the same order
-            group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+        try:
+            if process_group is None:
+                # SYNC: every rank of the default group must construct its loaders in the same order
+                group = dist.new_group(backend="gloo", timeout=timeout)
+            else:
+                ranks = dist.get_process_group_ranks(process_group)
+                # SYNC: every member of process_group must construct its loaders in the same order
+                group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+        except RuntimeError as e:  # the store barrier of new_group timed out: a rank did not construct one
+            raise RankFailure(f"rank {rank}: creating the ODBDataLoader's gloo group did not complete within "
+                              f"timeout_s={self.timeout_s}: a rank died or did not construct its loader (every rank "
+                              f"must construct its loaders in the same order). torch said: {str(e)[:300]}") from None
         return rank, world_size, group
 
     def _gather(self, what: str, absent: str, call: Callable[[], Any]) -> None:
@@ -321,32 +374,32 @@ class ODBDataLoader:
             raise RankFailure(f"rank {self.rank}: {what} did not complete within timeout_s={self.timeout_s}: a "
                               f"peer rank died or {absent}. gloo said: {str(e)[:300]}") from None
 
-    def _agree(self, dataset) -> None:
-        """Every rank must build this loader alike: one fixed-shape all-gather of the settings the
-        ranks must share, so a mismatch is a ConfigError on every rank (naming the settings and
-        each rank's value) instead of a collective of another shape aborting a process later."""
+    def _agree(self, ahead: int) -> tuple[int, ...]:
+        """The construction check: one fixed-shape all-gather of `Shared` (every field compared) and of
+        each rank's prefetch (gathered, not compared: the deals read every rank's).  A mismatch is a
+        ConfigError on every rank naming each setting and every rank's value; returns the prefetches."""
         if self._group is None:
-            return
-        cost = repr(self.cost) if isinstance(self.cost, BudgetCost) else type(self.cost).__qualname__
-        # the default order (no sampler, map-style) is built on every rank from these three; with a
-        # sampler or an IterableDataset each rank brings its own samples, so they need not agree
-        own_order = self.sampler is None and not isinstance(dataset, IterableDataset)
-        mine = {"buffer_size": self.buffer_size, "mode": MODES[self.mode], "sharding": self.sharding == "dealt",
-                "header ints": engine_header_len(int(self.policy.summary_len), self.buffer_size),
-                "policy": _crc(type(self.policy).__qualname__), "cost": _crc(cost),
-                "shuffle": self.shuffle if own_order else 0, "seed": _crc(str(self.seed)) if own_order else 0,
-                "len(dataset)": len(dataset) if own_order else 0, "loss_basis": LOSS_BASES[self.loss_basis]}
-        send = torch.tensor([int(v) for v in mine.values()], dtype=torch.int64)
+            return (int(ahead),)
+        send = torch.tensor(self.shared.vector() + [int(ahead)], dtype=torch.int64)
         every = [torch.empty_like(send) for _ in range(self.world_size)]
         # SYNC: every rank reaches this once per loader, right after creating its group
         self._gather("the construction check of ODBDataLoader", "did not construct its loader",
                      lambda: torch.distributed.all_gather(every, send, group=self._group))
         rows = [t.tolist() for t in every]
-        bad = [(name, [row[j] for row in rows]) for j, name in enumerate(mine) if len({row[j] for row in rows}) > 1]
-        if bad:
-            what = "; ".join(f"{name}: {vals} by rank" for name, vals in bad)
+        bad = mismatches(rows)
+        if bad:  # every rank gathered the same rows, so every rank takes this branch and gathers the text
+            texts: list = [None] * self.world_size
+            # SYNC: every rank reaches this when the construction check found a mismatch
+            self._gather("the construction check's report", "did not construct its loader",
+                         lambda: torch.distributed.all_gather_object(texts, self.shared.describe(), group=self._group))
+            col = {name: j for j, name in enumerate(Shared.names())}
+            what = "; ".join(f"{name} ({PARAMETERS[name]}): " + ", ".join(f"rank {r} {t[col[name]]}"
+                                                                         for r, t in enumerate(texts))
+                             for name in bad)
             raise ConfigError(f"rank {self.rank}: the ranks built this ODBDataLoader differently ({what}); every "
-                              "rank must pass the same settings (and a dataset of the same length)")
+                              "rank must pass the same settings (and a dataset of the same length): each rank "
+                              "would decide the rounds differently, repeating and losing samples")
+        return tuple(row[-1] for row in rows)
 
     # -- epochs and order --------------------------------------------------------
     @property
@@ -354,15 +407,26 @@ class ODBDataLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (the default shuffle uses ``seed + epoch``; forwarded to the sampler).
+        """Select the epoch (the default shuffle uses ``seed + epoch``; forwarded to the sampler, and
+        to the dataset when it has ``set_epoch``, e.g. a shuffled HF ``IterableDataset``).
 
-        A different epoch forgets which samples of the old one were yielded.
+        A different epoch forgets which samples of the old one were yielded.  Raises ConfigError
+        while a pass of another epoch is open (an iterator that has not ended and was not closed):
+        its remaining batches belong to the old epoch's order.
         """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        live = self._pass() if self._pass is not None else None
+        if live is not None and live._open and epoch != self._epoch:
+            raise ConfigError(f"rank {self.rank}: set_epoch({epoch}) while a pass over epoch {self._epoch} is "
+                              "open; finish iterating it, or close it first (it.close(), or let the iterator go)")
         if epoch != self._epoch:
             self._done, self._complete = set(), False
         self._epoch = int(epoch)
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)
 
     def _order(self) -> list | None:
         if self._source.iterable:
@@ -380,7 +444,9 @@ class ODBDataLoader:
         self._finish_engine()
         if self._complete:
             self._done, self._complete = set(), False
-        return _Pass(self, self._start_engine())
+        it = _Pass(self, self._start_engine())
+        self._pass = weakref.ref(it)
+        return it
 
     def _end_pass(self, eng: Engine, unemitted0: int) -> None:
         self._engine_drained = True
@@ -410,7 +476,7 @@ class ODBDataLoader:
         if self.sharding == "dealt":
             done = self._all_done()
             deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in done], self.world_size, self.rank,
-                              lead=self.buffer_size + self._source.ahead + 1, stats=self.stats)
+                              lead=first_lead(self.buffer_size, self._aheads), stats=self.stats)
             deal.first()
             self._source.start(None, frozenset(), deal=deal)
         else:
@@ -422,13 +488,12 @@ class ODBDataLoader:
         elif order is None:
             template = functools.partial(_no_template, self.rank)
         else:
-            template = functools.partial(_first_usable, self.dataset, order)
+            template = functools.partial(_first_usable, self.dataset, order, self._fits)
         trace = None
         mode = MODES[self.mode]
         if self.trace_dir is not None:
-            header_len = engine_header_len(int(self.policy.summary_len), self.buffer_size)
             trace = TraceWriter(trace_path(self.trace_dir, self._loader_id, self._passes, self.rank), {
-                "table": DGAP.hash, "cfg": {"W": self.buffer_size, "mode": mode, "header_len": header_len},
+                "table": DGAP.hash, "cfg": {"W": self.buffer_size, "mode": mode, "header_len": self.layout.length},
                 "rank": self.rank, "world_size": self.world_size, "epoch": self._epoch, "mode": self.mode,
                 "loader": self._loader_id, "iteration": self._passes, "policy": type(self.policy).__name__,
                 "sharding": self.sharding})
@@ -437,21 +502,26 @@ class ODBDataLoader:
                      mode=mode, policy=self.policy, cost=self.cost, source=self._source,
                      oversize=self.oversize, loss_slot=LOSS_BASES[self.loss_basis], epoch=self._epoch,
                      stats=self.stats, timeout_s=self.timeout_s, template=template, trace=trace,
-                     queue_size=max(2, self.buffer_size), deal=deal)
+                     queue_size=max(2, self.buffer_size), layout=self.layout,
+                     replica=Replicated(self.shared, world_size=self.world_size, aheads=self._aheads,
+                                        policy=self.policy, order=deal, epoch=self._epoch))
         self._engine, self._engine_drained = eng, False
         eng.start()
         return eng
 
     def _get(self, eng: Engine):
+        # Only queue.Empty is a wait: anything else raised here (torch's dead-worker error from its
+        # SIGCHLD handler, a signal handler's exception, KeyboardInterrupt) goes to the caller, and
+        # the pass stops through the table (FAILED).
         while True:
             try:
                 return eng.out.get(timeout=1.0)
-            except Exception:  # queue.Empty: make sure the engine is still alive
+            except queue.Empty:  # make sure the engine is still alive
                 if not eng.thread.is_alive() and eng.out.empty():
                     raise ProtocolError(f"rank {self.rank}: the engine thread ended without a result "
                                         f"(error: {eng.error!r})") from None
 
-    def _collate(self, b: Batch) -> MutableMapping:
+    def _collate(self, b: Batch, epoch: int) -> MutableMapping:
         info = b.info
         where = "a filler batch" if info.filler else f"dataset indices {list(info.indices)}"
         try:
@@ -468,7 +538,8 @@ class ODBDataLoader:
         if info.filler:
             st.fillers += 1
         else:
-            self._done.update(b.positions)
+            if epoch == self._epoch:  # the ledger is this epoch's (set_epoch refuses while a pass is open)
+                self._done.update(b.positions)
             st.samples += len(b.samples)
             st.real_tokens += sum(b.sizes)
             st.padded_tokens += len(b.sizes) * max(b.sizes)
@@ -514,14 +585,21 @@ class ODBDataLoader:
     def load_state_dict(self, state: Mapping) -> None:
         """Resume from `state_dict()` of the same rank, world size and seed (strict).
 
-        Raises ConfigError naming the mismatch: version, world size (the shards would
-        change), rank (the state is another rank's), seed (the order would change),
-        sharding (positions would mean other samples),
-        missing or unknown keys.
+        Every field is validated; anything else raises ConfigError naming the field and what was
+        found: version, world size (the shards would change), rank (the state is another rank's),
+        seed (the order would change), sharding (positions would mean other samples), the epoch,
+        the yielded ranges (pairs ``[a, b)`` of ints, increasing, disjoint, inside this rank's
+        order), the completion flag (a bool), the order's length (the dataset or sampler must be
+        unchanged), missing or unknown keys.  Refused while a pass is open.
         """
+        if not isinstance(state, Mapping):
+            raise ConfigError(f"state must be a mapping from ODBDataLoader.state_dict, got {type(state).__name__}")
+        live = self._pass() if self._pass is not None else None
+        if live is not None and live._open:
+            raise ConfigError(f"rank {self.rank}: load_state_dict while a pass is open; finish or close it first")
         sd = dict(state)
         version = sd.pop("version", None)
-        if version != STATE_VERSION:
+        if version != STATE_VERSION or isinstance(version, bool):
             raise ConfigError(f"state version {version!r} is not supported (this loader reads {STATE_VERSION})")
         for key, mine, why in (("world_size", self.world_size, "the per-rank shards would change"),
                                ("rank", self.rank, "this state belongs to another rank"),
@@ -530,26 +608,58 @@ class ODBDataLoader:
             if key not in sd:
                 raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
             got = sd.pop(key)
-            if got != mine:
+            if got != mine or type(got) is not type(mine):
                 raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
         epoch = sd.pop("epoch", None)
         mine = sd.pop(f"rank_{self.rank}", None)
-        if epoch is None or mine is None:
-            raise ConfigError(f"state lacks 'epoch' or 'rank_{self.rank}'")
+        if mine is None:
+            raise ConfigError(f"state lacks 'rank_{self.rank}' (the record of this rank's yielded samples)")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"state has epoch={epoch!r}; it must be an int >= 0")
         if sd:
             raise ConfigError(f"state has unknown keys {sorted(sd)}; refusing to guess what they mean")
+        if not isinstance(mine, Mapping):
+            raise ConfigError(f"state's rank_{self.rank} is a {type(mine).__name__}, not a mapping")
         mine = dict(mine)
+        missing = {"done", "complete", "num_positions"} - set(mine)
+        if missing:
+            raise ConfigError(f"state's rank_{self.rank} lacks {sorted(missing)}")
         done, complete, num = mine.pop("done"), mine.pop("complete"), mine.pop("num_positions")
         if mine:
             raise ConfigError(f"rank state has unknown keys {sorted(mine)}")
-        self.set_epoch(int(epoch))
+        if not isinstance(complete, bool):
+            raise ConfigError(f"state has complete={complete!r}; it must be True or False (whether the last pass "
+                              "of the epoch ran to its end)")
+        if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < -1):
+            raise ConfigError(f"state has num_positions={num!r}; it must be None, -1 or an int >= 0")
+        self.set_epoch(epoch)
         order = self._order()
         now = -1 if order is None else len(order)
         if num is not None and num != now:
             raise ConfigError(f"cannot resume: this rank's order had {num} positions, now {now} (the dataset "
                               "or sampler changed)")
-        self._done = {p for a, b in done for p in range(a, b)}
-        self._complete = bool(complete)
+        positions = self._ranges_to_set(done, now)
+        self._done = positions
+        self._complete = complete
+
+    @staticmethod
+    def _ranges_to_set(done, total: int) -> set:
+        """The positions of a state's yielded ranges, validated (see `load_state_dict`)."""
+        if not isinstance(done, (list, tuple)):
+            raise ConfigError(f"state's done is a {type(done).__name__}; it must be a list of [start, stop] ranges")
+        out: set = set()
+        prev = -1
+        for k, rg in enumerate(done):
+            ok = isinstance(rg, (list, tuple)) and len(rg) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in rg)
+            if not ok or not 0 <= rg[0] < rg[1] or rg[0] < prev or (total >= 0 and rg[1] > total):
+                where = f"in 0..{total}" if total >= 0 else "non-negative"
+                raise ConfigError(f"state's done[{k}] = {rg!r} is not a range [start, stop) of ints with start < "
+                                  f"stop, {where}, after the previous range (ends at {prev}); the state is "
+                                  "damaged or from another dataset; resuming from it would skip or repeat samples")
+            prev = rg[1]
+            out.update(range(rg[0], rg[1]))
+        return out
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:

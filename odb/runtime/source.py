@@ -18,6 +18,8 @@ worker error is never a bare traceback without the index.
 
 from __future__ import annotations
 
+import operator
+import time
 import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
@@ -28,7 +30,17 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 from ..batching.deal import DealtOrder
 from ..errors import SampleError
 
-__all__ = ["Source", "Item", "default_length", "count_labels", "shard_order"]
+__all__ = ["Source", "Item", "Interrupted", "default_length", "count_labels", "shard_order", "POLL_S"]
+
+# With workers the inner DataLoader is asked for each item with this timeout and asked again
+# until the item comes: between asks the engine sees that a worker died (DataLoader checks its
+# workers when a wait times out) or that the rank must stop.  A plain DataLoader notices a dead
+# worker through its SIGCHLD handler at once; 0.1 s keeps the engine within that order.
+POLL_S = 0.1
+
+
+class Interrupted(Exception):
+    """`Source.next` gave up waiting because the rank must stop (its ``stopping()`` turned true)."""
 
 
 class _Failure:
@@ -42,27 +54,47 @@ class _Failure:
 
 
 def default_length(sample: Any) -> int:
-    """``len(sample["input_ids"])``; the sample must be a mapping with ``input_ids``."""
+    """``len(sample["input_ids"])`` of a 1-D ``input_ids`` (a list or tuple of ints, or a 1-D tensor
+    or array).  Raises ValueError for any other shape: a ``[1, n]`` tensor (what a tokenizer returns
+    with ``return_tensors="pt"``) would otherwise measure as one token and defeat the budget."""
     if not isinstance(sample, Mapping) or "input_ids" not in sample:
         keys = sorted(sample)[:8] if isinstance(sample, Mapping) else None
         raise KeyError(f"sample has no 'input_ids' (type {type(sample).__name__}, keys {keys}); "
                        "pass length_fn=... to ODBDataLoader for other layouts")
-    return len(sample["input_ids"])
+    ids = sample["input_ids"]
+    shape = getattr(ids, "shape", None)
+    if shape is not None:
+        if len(shape) != 1:
+            raise ValueError(f"input_ids has shape {tuple(shape)}; a sample's input_ids must be 1-D (squeeze "
+                             "the batch axis a tokenizer adds with return_tensors='pt', or pass length_fn=...)")
+        return int(shape[0])
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise ValueError(f"input_ids is a {type(ids).__name__}; it must be a 1-D sequence of token ids")
+    if len(ids) and isinstance(ids[0], (list, tuple)) or len(ids) and getattr(ids[0], "shape", None):
+        raise ValueError(f"input_ids is nested (its first element is a {type(ids[0]).__name__}); a sample's "
+                         "input_ids must be 1-D (one sample, not a batch), or pass length_fn=...")
+    return len(ids)
 
 
 def count_labels(sample: Any, shift: bool = False) -> int:
-    """Label positions that are not -100; 0 if the sample has none.
+    """Label positions that are not -100, of ``labels``, or of ``input_ids`` when the sample has no
+    ``labels`` (what `pad_collate` and `packed_collate` build then: the loss's targets are the
+    tokens themselves).
 
-    ``shift=False`` counts ``labels`` as given.  ``shift=True`` counts
+    ``shift=False`` counts the labels as given.  ``shift=True`` counts
     ``labels[1:]``: the targets a causal LM's loss averages over after it
     shifts labels by one (Hugging Face ``*ForCausalLM``: ``labels[..., 1:]``),
     so position 0 is never counted.  With right padding by -100 (`pad_collate`)
     or packing with each sample's first label set to -100 (`packed_collate`)
     the batch's shifted count is the sum of its samples' shifted counts.
     """
-    labels = sample.get("labels") if isinstance(sample, Mapping) else None
-    if labels is None:
+    if not isinstance(sample, Mapping):
         return 0
+    labels = sample.get("labels")
+    if labels is None:
+        labels = sample.get("input_ids")
+        if labels is None:
+            return 0
     if shift:
         labels = labels[1:]
     if isinstance(labels, torch.Tensor):
@@ -70,9 +102,22 @@ def count_labels(sample: Any, shift: bool = False) -> int:
     return sum(1 for v in labels if v != -100)
 
 
+def _size(v: Any, raw: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"length must be an int or a tuple of ints, got the bool {raw!r}")
+    try:
+        return operator.index(v)  # ints, numpy ints, one-element integer tensors; never a float or str
+    except TypeError:
+        raise ValueError(f"length must be an int or a tuple of ints (sizes per resource), got {raw!r} of type "
+                         f"{type(raw).__name__}") from None
+
+
 def _measure(sample: Any, length_fn: Callable | None, shift: bool) -> tuple[tuple[int, ...], int]:
     raw = default_length(sample) if length_fn is None else length_fn(sample)
-    sizes = (int(raw),) if isinstance(raw, (int,)) or hasattr(raw, "__index__") else tuple(int(v) for v in raw)
+    if isinstance(raw, (list, tuple)):
+        sizes = tuple(_size(v, raw) for v in raw)
+    else:
+        sizes = (_size(raw, raw),)
     if not sizes or any(v < 0 for v in sizes):
         raise ValueError(f"length must be a non-negative int or a non-empty tuple of them, got {raw!r}")
     return sizes, count_labels(sample, shift)
@@ -206,10 +251,12 @@ class Source:
             kw["prefetch_factor"] = prefetch_factor
         # keys the inner DataLoader may pull ahead of the items it has returned (its prefetch)
         self.ahead = num_workers * (2 if prefetch_factor is None else int(prefetch_factor))
-        if num_workers > 0 and worker_timeout_s > 0:
-            # A hung (not dead) worker: DataLoader raises after this long without a sample, the engine
-            # turns that into a local failure, and the table's abort takes every rank out.
-            kw["timeout"] = worker_timeout_s
+        self._poll = num_workers > 0
+        if self._poll:
+            # `next` asks again after each timeout (POLL_S): a dead worker is seen within one step;
+            # a hung one after worker_timeout_s; either becomes a local failure, and the table's
+            # abort takes every rank out.
+            kw["timeout"] = POLL_S
         if not self.iterable:
             kw["sampler"] = self._keys
         self._worker_timeout_s = worker_timeout_s if num_workers > 0 else 0.0
@@ -229,20 +276,33 @@ class Source:
         self._pulled = 0
         self._it = iter(self._loader)
 
-    def next(self):
+    def next(self, stopping: Callable[[], bool] = lambda: False):
+        """The next raw item, or None at the end of the epoch.
+
+        With workers the wait is asked in steps of `POLL_S`: a dead worker raises the
+        DataLoader's RuntimeError within one step, ``stopping()`` turning true raises
+        `Interrupted`, and a wait longer than the worker timeout raises SampleError (a hung worker).
+        """
         while self._it is not None:
-            try:
-                item = next(self._it)
-            except StopIteration:
-                self._it = None
-                return None
-            except RuntimeError as e:
-                if self._worker_timeout_s > 0 and "timed out" in str(e):
-                    raise SampleError(
-                        f"no preprocessed sample arrived within timeout_s={self._worker_timeout_s:g} s (after "
-                        f"{self._pulled} samples this epoch): a DataLoader worker hung or is slower than that. "
-                        "Fix the preprocessing or raise timeout_s") from e
-                raise
+            t0 = time.monotonic()
+            while True:
+                try:
+                    item = next(self._it)
+                    break
+                except StopIteration:
+                    self._it = None
+                    return None
+                except RuntimeError as e:
+                    if not (self._poll and "DataLoader timed out" in str(e)):
+                        raise
+                    if stopping():
+                        raise Interrupted() from None
+                    waited = time.monotonic() - t0
+                    if self._worker_timeout_s > 0 and waited >= self._worker_timeout_s:
+                        raise SampleError(
+                            f"no preprocessed sample arrived within timeout_s={self._worker_timeout_s:g} s (after "
+                            f"{self._pulled} samples this epoch): a DataLoader worker hung or is slower than "
+                            "that. Fix the preprocessing or raise timeout_s") from None
             self._pulled += 1
             if item[0] not in self._skip:
                 return item

@@ -1,0 +1,96 @@
+"""One rank's round header: named fields, encoded as the fixed-shape int64 vector every rank all-gathers.
+
+Legend
+    S        the alignment policy's ``summary_len``
+    L        ``len(odb.batching.deal.intake_ladder(W))``: 20 for W = 1024
+    W        the window (``buffer_size``); a round emits at most W batches per rank
+    length   ``7 + S + 4 + L + 3W`` ints, the same on every rank (`HeaderLayout.length`)
+
+Fields, in order (`Header`):
+
+    st        the table's payload ``st = in.quit`` (0 healthy, 1 closed, 2 failed)
+    round     the index of this collective in the pass (a diagnostic the table does not read)
+    n         the table's payload ``n = buf`` (the window at the post)
+    epoch     the loader epoch of this pass
+    deal      digest (CRC-32) of this rank's dealer replica after the previous round (0: no dealing)
+    target    the previous round's target as this rank computed it (0 before the first round)
+    proposal  the previous round's proposal as this rank computed it (0 before the first round)
+    summary   S ints: the policy's summary of the window
+    taken, cost, dry, reserve
+              dealt sharding: items the rank's source returned this epoch, their summed
+              cost x ``COST_SCALE``, whether it ran dry, reserve positions it took itself
+    intake    L ints: `odb.batching.deal.policy_intake` of the window (zeros unless dealing)
+    counts    3W ints: ``counts[3k + b]``, count b (tokens, label tokens, samples) of this
+              rank's k-th batch of the PREVIOUS round (0 for fillers and absent batches)
+
+``epoch``, ``deal``, ``target`` and ``proposal`` are the *replicated fields*: every rank must
+post the same values (`REPLICATED`); `odb.core.replica` checks them every round, so replicas
+that diverge fail loudly on every rank, in the same round, before any sample they placed is
+released.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+__all__ = ["Header", "HeaderLayout", "REPLICATED"]
+
+REPLICATED = ("epoch", "deal", "target", "proposal")  # fields every rank must post alike
+_SCALARS = ("st", "round", "n") + REPLICATED
+_DEAL = ("taken", "cost", "dry", "reserve")
+
+
+class Header(NamedTuple):
+    """One rank's decoded header (the module docstring gives each field)."""
+
+    st: int
+    round: int
+    n: int
+    epoch: int
+    deal: int
+    target: int
+    proposal: int
+    summary: tuple[int, ...]
+    taken: int
+    cost: int
+    dry: int
+    reserve: int
+    intake: tuple[int, ...]
+    counts: tuple[int, ...]
+
+    def count(self, k: int, b: int) -> int:
+        """Count b (0 tokens, 1 label tokens, 2 samples) of this rank's k-th batch of the previous round."""
+        return self.counts[3 * k + b]
+
+
+class HeaderLayout:
+    """Encode and decode headers of one shape (``summary_len``, ``W``, ``ladder_len``)."""
+
+    def __init__(self, summary_len: int, window: int, ladder_len: int):
+        self.summary_len, self.window, self.ladder_len = int(summary_len), int(window), int(ladder_len)
+        self._sum = len(_SCALARS)
+        self._deal = self._sum + self.summary_len
+        self._intake = self._deal + len(_DEAL)
+        self._counts = self._intake + self.ladder_len
+        self.length = self._counts + 3 * self.window
+
+    def encode(self, *, st: int, round: int, n: int, epoch: int, digest: Sequence[int], summary: Sequence[int],
+               taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int],
+               counts: Sequence[int]) -> list[int]:
+        """The int vector of one header; raises ValueError if a part has the wrong length."""
+        for name, part, want in (("digest", digest, len(REPLICATED) - 1), ("summary", summary, self.summary_len),
+                                 ("intake", intake, self.ladder_len), ("counts", counts, 3 * self.window)):
+            if len(part) != want:
+                raise ValueError(f"header part {name} has {len(part)} ints, the layout holds {want}")
+        out = [int(st), int(round), int(n), int(epoch), *map(int, digest), *map(int, summary),
+               int(taken), int(cost), int(dry), int(reserve), *map(int, intake), *map(int, counts)]
+        assert len(out) == self.length
+        return out
+
+    def decode(self, row: Sequence[int]) -> Header:
+        """The named fields of one gathered row; raises ValueError on a row of another length."""
+        if len(row) != self.length:
+            raise ValueError(f"header of {len(row)} ints, the layout holds {self.length}")
+        r = [int(v) for v in row]
+        s, d, i, c = self._sum, self._deal, self._intake, self._counts
+        return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:c]), tuple(r[c:]))
