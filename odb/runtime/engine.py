@@ -401,14 +401,15 @@ class Engine:
             raise ProtocolError(f"table header shape {s.payload['shape']} != engine header {self.header_len}")
         summary, intake = self._prepared
         self._prepared = None
+        digest = self.replica.digest()
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.replica.epoch,
-            digest=self.replica.digest(), summary=summary, taken=self.source.pulled, cost=self._cost_taken,
+            digest=digest, summary=summary, taken=self.source.pulled, cost=self._cost_taken,
             dry=int(self.source.dry), reserve=0 if self.deal is None else self.deal.reserve_taken,
             intake=intake, counts=self._counts)
         self._counts = [0] * (3 * self.W)
         self._enter(header)
-        return {"round": self._posted - 1, "summary": summary}
+        return {"round": self._posted - 1, "summary": summary, "replicated": [self.replica.epoch, *digest]}
 
     def _enter(self, header: list[int]) -> None:
         """SYNC: every rank must reach this, once per round, in the same order."""

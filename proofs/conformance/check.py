@@ -24,8 +24,14 @@ other row.  A run conforms when, for every rank:
    the payloads the ranks posted; the collective inputs each rank read (``max_st``
    included) equal ``machine.collective_inputs`` recomputed from those payloads;
    all ranks got the same proposal, within the table's proposal bounds, and (for
-   the default policy) equal to ``policy.propose`` of the posted summaries.
-   Ranks that finished agree on ``ab`` (aborted or not).
+   the default policy) equal to ``odb.core.round_proposal`` of the posted
+   summaries (``policy.propose``, or the table's lower bound in an abort round).
+   The replicated fields each rank received (``epoch`` and the digest: dealer
+   CRC, previous target, previous proposal; `odb.core.header.REPLICATED`) equal
+   what the ranks posted, agree across ranks, and the digest's target and
+   proposal equal the previous round's as recomputed here (the table's
+   ``Let("target")`` on the collective inputs).  Ranks that finished agree on
+   ``ab`` (aborted or not).
 3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``;
    every rank's trace ends in DONE, unless it ends with a ``failure`` line or the
    rank is known to have been killed (`died`).
@@ -42,6 +48,8 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from odb.core.header import REPLICATED
+from odb.core.replica import round_proposal, round_target
 from odb.protocol import machine
 from odb.protocol.expr import Scope, evaluate
 from odb.protocol.table import DGAP, DONE, Table
@@ -82,7 +90,7 @@ def _load(path: str) -> tuple[dict, list[dict]]:
 class _Rank:
     """What one rank's replay leaves for the cross-rank checks."""
 
-    posts: list = field(default_factory=list)      # (round, payload, summary, event index)
+    posts: list = field(default_factory=list)      # (round, payload, summary, event index, replicated)
     collects: list = field(default_factory=list)   # (round, collective record, inputs read, event index)
     final: dict | None = None                      # the last replayed state
     cut: bool = False                              # ended by a failure line or killed: may stop mid-round
@@ -140,7 +148,7 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
                 rep.problems.append(f"{where}: read quit={q} after quit={quit_seen} (quit is set once)")
             quit_seen = quit_seen or q
         if st.effect == "post":
-            out.posts.append((ev["round"], ev["payload"], ev.get("summary"), i))
+            out.posts.append((ev["round"], ev["payload"], ev.get("summary"), i, ev.get("replicated")))
         if st.effect == "collect":
             out.collects.append((ev["round"], ev["collective"], ev["inputs"], i))
         if ev["row"] == "return_abort":
@@ -168,9 +176,17 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
                                 "(every posted round must be collected)")
         for p in rk.posts:
             by_round[p[0]][rank] = p
+    for rnd, posted in sorted(by_round.items()):  # also a round no rank collected (a divergence ends it)
+        if set(posted) != set(range(n)):
+            continue
+        for j, name in enumerate(REPLICATED):
+            vals = [posted[r][4][j] if posted[r][4] else None for r in range(n)]
+            if len(set(vals)) > 1:
+                rep.problems.append(f"round {rnd}: ranks posted different {name!r}: {vals} by rank")
     lo = evaluate(table.proposal.lo, Scope(cfg=cfg))
     hi = evaluate(table.proposal.hi, Scope(cfg=cfg))
     proposals = defaultdict(set)
+    decided: dict[int, dict[int, tuple]] = defaultdict(dict)   # rank -> round -> (target, proposal) recomputed
     collective = {i.name for i in table.inputs if i.source == "collective"}
     for rank, rk in enumerate(ranks):
         for rnd, coll, read, i in rk.collects:
@@ -189,14 +205,29 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
             summaries = [posted[r][2] for r in range(n)]
             if coll["summaries"] != summaries:
                 rep.problems.append(f"{where}: received summaries {coll['summaries']} != posted {summaries}")
+            replicated = [posted[r][4] for r in range(n)]
+            if coll.get("replicated") != replicated:
+                rep.problems.append(f"{where}: received replicated fields {coll.get('replicated')} != posted "
+                                    f"{replicated}")
             proposal = coll["inputs"]["proposal"]
             proposals[rnd].add(proposal)
             if not lo <= proposal <= hi:
                 rep.problems.append(f"{where}: proposal {proposal} outside the table's bounds [{lo}, {hi}]")
-            if policy is not None and policy.propose(summaries, cfg["W"]) != proposal:
-                rep.problems.append(f"{where}: proposal {proposal} != policy.propose(posted summaries) = "
-                                    f"{policy.propose(summaries, cfg['W'])}")
+            if policy is not None:
+                try:
+                    recomputed = round_proposal(table, cfg, expect, summaries, policy, rnd)
+                except Exception as e:  # noqa: BLE001 - a policy that raises on the posted summaries
+                    recomputed = f"{type(e).__name__}: {e}"
+                if recomputed != proposal:
+                    rep.problems.append(f"{where}: proposal {proposal} != the policy's proposal for the posted "
+                                        f"summaries = {recomputed}")
             want = machine.collective_inputs(table, expect, proposal, cfg)
+            decided[rank][rnd] = (round_target(table, want, cfg), proposal)
+            if rnd > 0 and replicated[rank] and rnd - 1 in decided[rank]:
+                if tuple(replicated[rank][2:4]) != decided[rank][rnd - 1]:
+                    rep.problems.append(f"{where}: rank {rank} posted (target, proposal) = "
+                                        f"{tuple(replicated[rank][2:4])} for round {rnd - 1}, which decided "
+                                        f"{decided[rank][rnd - 1]}")
             if coll["inputs"] != want:
                 rep.problems.append(f"{where}: collective inputs {coll['inputs']} != recomputed {want}")
             for k, v in read.items():
