@@ -9,19 +9,25 @@ alignment over whole runs) are named in `ENGINE_PROPERTIES`; each engine
 implements them from the table and the environment model, never from a copy.
 
 Every ``always`` property names the ``sometimes`` witness that shows its
-antecedent is reachable, so no property holds vacuously.
+antecedent is reachable, so no property holds vacuously: `witness_for` gives the
+witness of each mode, `antecedent` the property's premise (the existential
+closure of ``A`` in ``forall i... A => B``).  The z3 engine checks, for every
+mode, that the witness implies the antecedent over unconstrained states, and
+that the property itself is violated by some unconstrained state (it is not a
+tautology); the explicit engine finds the witness in a reachable state, so the
+antecedent is reachable (`proofs.symbolic.prove`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from odb.protocol.expr import Const, Expr, and_, eq, ge, implies, le, ne, not_, or_, sub
+from odb.protocol.expr import Const, Expr, Op, and_, eq, ge, implies, le, ne, not_, or_, sub
 from odb.protocol.table import DONE, EMIT, FILL, JOIN, PAD, QUOTA, WAIT
 
 from .logic import GV, RF, Exists, Forall
 
-__all__ = ["Property", "PROPERTIES", "ENGINE_PROPERTIES", "by_name", "for_mode"]
+__all__ = ["Property", "PROPERTIES", "ENGINE_PROPERTIES", "by_name", "for_mode", "witness_for", "antecedent"]
 
 ALL_MODES = (PAD, JOIN, QUOTA)
 
@@ -33,7 +39,9 @@ class Property:
     formula: Expr
     doc: str
     modes: tuple[int, ...] = ALL_MODES
-    witness: str | None = None  # for "always": the "sometimes" property that makes it non-vacuous
+    # for "always": the "sometimes" property that makes it non-vacuous, or several (one per mode; see
+    # `witness_for`)
+    witness: str | tuple[str, ...] | None = None
 
 
 def f(i: str, name: str) -> RF:
@@ -70,7 +78,7 @@ PROPERTIES: tuple[Property, ...] = (
         "round_emits_target", "always",
         Forall("i", implies(ph_is("i", EMIT), eq(f("i", "kb") + f("i", "nreal") + f("i", "nfill"), f("i", "T")))),
         "PAD and QUOTA: every rank emits exactly T batches in every round (fillers included)",
-        modes=(PAD, QUOTA), witness="a_filler_is_emitted"),
+        modes=(PAD, QUOTA), witness=("a_filler_is_emitted", "quota_rounds_are_full")),
     Property(
         "join_round_emits_target_or_nothing", "always",
         Forall("i", implies(ph_is("i", EMIT), or_(
@@ -137,11 +145,13 @@ PROPERTIES: tuple[Property, ...] = (
                                           eq(f("i", "nreal"), 0), eq(f("i", "kb"), 0), ge(f("j", "nreal"), 1)))),
              "JOIN: a rank with no data sits out a round in which another emits", modes=(JOIN,)),
     Property("all_done_with_uneven_data", "sometimes",
-             and_(Forall("i", ph_is("i", DONE)), Exists("i", Exists("j", ne(f("i", "d"), f("j", "d"))))),
-             "every rank finishes although the shards differ"),
+             and_(Forall("i", and_(ph_is("i", DONE), not_(f("i", "ab")))),
+                  Exists("i", Exists("j", ne(f("i", "d"), f("j", "d"))))),
+             "every rank finishes the epoch (no abort) although the shards differ"),
     Property("carry_is_held_across_rounds", "sometimes",
-             Exists("i", and_(ph_is("i", FILL), ge(f("i", "rd"), 1), ge(f("i", "buf"), 1), eq(f("i", "x"), False))),
-             "a rank starts a round still holding samples carried from the previous one"),
+             Exists("i", and_(ph_is("i", EMIT), eq(f("i", "nreal"), 0), eq(f("i", "nfill"), 0), ge(f("i", "buf"), 1))),
+             "a rank ends a round with its batches out and samples still held: the carry into the next round "
+             "(a refilling rank, FILL with buf >= 1 after round 1, is not one: it may have carried nothing)"),
     Property("an_abort_reaches_a_healthy_rank", "sometimes",
              Exists("i", Exists("j", and_(ph_is("i", DONE), f("i", "ab"), eq(f("i", "qt"), 0), eq(f("j", "qt"), 1)))),
              "a rank that did not stop itself ends the epoch by an abort another rank posted"),
@@ -169,3 +179,30 @@ def by_name(name: str) -> Property:
 
 def for_mode(mode: int) -> list[Property]:
     return [p for p in PROPERTIES if mode in p.modes]
+
+
+def witness_for(p: Property, mode: int, properties: tuple[Property, ...] = PROPERTIES) -> Property | None:
+    """The ``sometimes`` property that witnesses always-property `p` in `mode`: the first of its
+    named witnesses that applies to `mode` (None if none does, or a name is unknown)."""
+    names = (p.witness,) if isinstance(p.witness, str) else tuple(p.witness or ())
+    known = {q.name: q for q in properties}
+    for name in names:
+        w = known.get(name)
+        if w is not None and w.kind == "sometimes" and mode in w.modes:
+            return w
+    return None
+
+
+def antecedent(formula: Expr) -> Expr | None:
+    """The premise of ``forall v1.. vk. A => B`` as ``exists v1.. vk. A`` (what a witness must reach);
+    None for a formula that is not an implication under its leading quantifiers (no premise)."""
+    bound, e = [], formula
+    while isinstance(e, Forall):
+        bound.append(e.var)
+        e = e.body
+    if not (isinstance(e, Op) and e.op == "or" and isinstance(e.args[0], Op) and e.args[0].op == "not"):
+        return None  # `implies(a, b)` is built as `or_(not_(a), b)`
+    out = e.args[0].args[0]
+    for v in reversed(bound):
+        out = Exists(v, out)
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Scope", "CI_SCOPES", "DEEP_SCOPES"]
+__all__ = ["Scope", "CI_SCOPES", "DEEP_SCOPES", "DealtScope", "DEALT_SCOPES"]
 
 
 @dataclass(frozen=True)
@@ -58,4 +58,49 @@ DEEP_SCOPES = (
     Scope(n_max=8, d_max=1, w=2, quits=1, witnesses=False),
     Scope(n_max=7, d_max=2, w=2, confluence_n_max=4),
     Scope(n_max=5, d_max=2, w=2, quits=1),
+)
+
+
+@dataclass(frozen=True)
+class DealtScope:
+    """One exhaustive scope of the dealt model (`models.dealt`): every order length in `totals`, every
+    value (drop or cost) of every position, every interleaving and every choice the table allows.
+
+    :param aheads: each rank's prefetch (N = len(aheads)); :param policy: the posted intake ladder
+    (`models.dealt.POLICIES`); :param values: what a position may turn out to be (0: a drop)."""
+
+    aheads: tuple[int, ...]
+    w: int
+    totals: tuple[int, ...]
+    values: tuple[int, ...] = (0, 1)
+    policy: str = "whole"
+    modes: tuple[int, ...] = (0, 1, 2)
+
+    @property
+    def n(self) -> int:
+        return len(self.aheads)
+
+    def __str__(self) -> str:
+        vals = ",".join("drop" if v == 0 else f"cost {v}" for v in self.values)
+        p = f"P={self.totals[0]}" if len(self.totals) == 1 else f"P={self.totals[0]}..{self.totals[-1]}"
+        return (f"dealt N={self.n}, {p}, W={self.w}, aheads={list(self.aheads)}, {self.policy} ladder, "
+                f"values {{{vals}}}")
+
+
+# Sized to fit `make verify` (about 40 s of one core; figures in proofs/REPORT.md).  A reserve take
+# needs more positions than the first deal gives (P > N * (W + max ahead + 1)), so each scope's
+# orders are just long enough for a second deal:
+#   prefetch that differs between ranks (the replicas must still agree), orders up to one long enough
+#   for a top-up deal after a reserve take (P = 9: the closed form of Dealer.left subtracts it);
+#   measured costs that differ (the end game deals by cost);
+#   W = 2 (proposal, use and take choices) with drops;
+#   a policy over its posted bound without drops (W = 3: the need's slack of one absorbs W = 2);
+#   three ranks at every order length up to 8; four ranks (PAD only, 1M states) at P = 9.
+DEALT_SCOPES = (
+    DealtScope(aheads=(0, 1), w=1, totals=tuple(range(0, 10))),
+    DealtScope(aheads=(0, 0), w=1, totals=tuple(range(0, 7)), values=(0, 1, 2)),
+    DealtScope(aheads=(0, 0), w=2, totals=(8,)),
+    DealtScope(aheads=(0, 0), w=3, totals=(9, 10, 11), values=(1,), policy="singletons"),
+    DealtScope(aheads=(0, 0, 0), w=1, totals=tuple(range(0, 9))),
+    DealtScope(aheads=(0, 0, 0, 0), w=1, totals=(9,), modes=(0,)),
 )

@@ -28,13 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"z3 {rep.z3_version} | table hash {rep.table_hash} | bound: {rep.bound_formula}")
     print("\n".join(verdict_table(rep.verdicts)))
     print()
-    for m in rep.mutants:
+    for m in rep.mutants + rep.dealt_mutants:
         print(f"mutant {m['name']:32} expected {m['expected']:28} "
               f"{'KILLED' if m['killed_as_expected'] else ('killed (other)' if m['killed'] else 'SURVIVED')}")
     if not args.no_write:
         write(rep)
         print(f"\nwrote {REPORT_MD} and {REPORT_JSON}")
-    print(f"\n{'PASS' if rep.ok else 'FAIL'}: {len(rep.verdicts)} verdicts, {len(rep.mutants)} mutants, "
+    print(f"\n{'PASS' if rep.ok else 'FAIL'}: {len(rep.verdicts)} verdicts, "
+          f"{len(rep.mutants) + len(rep.dealt_mutants)} mutants, "
           f"{rep.seconds:.1f} s")
     for f in rep.failures:
         print(f"  FAILED {f}")

@@ -13,6 +13,12 @@ Legend
     deep      ``--deep`` adds `DEEP_SCOPES`; its figures are kept in report.json
               (``deep_summary``) and carried into later non-deep reports while
               the table hash is unchanged
+    dealt     the table composed with dealt sharding (`models.dealt`, the real
+              `odb.batching.deal` classes): exhaustive `DEALT_SCOPES`
+              (`proofs.explicit.dealt`), the all-N dealer arithmetic
+              (`proofs.symbolic.dealt`) and the seeded dealer and glue bugs
+              (`proofs.mutants.dealt`); every dealt witness must be found in some
+              dealt scope
 
 `run_all` fans the independent jobs (one per scope and mode, the engine
 self-checks, the mutants, the z3 proofs) out over worker processes; every job is
@@ -32,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from models.scopes import CI_SCOPES, DEEP_SCOPES, Scope
+from models.scopes import CI_SCOPES, DEALT_SCOPES, DEEP_SCOPES, DealtScope, Scope
 from odb.protocol.expr import render
 from odb.protocol.table import DGAP, PHASES, Table
 
@@ -60,13 +66,16 @@ class Report:
     seconds: float = 0.0
     deep: bool = False
     deep_summary: dict | None = None
+    dealt_runs: list[dict] = field(default_factory=list)
+    dealt_mutants: list[dict] = field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
         out = [f"{v.property}/{v.mode} ({v.method}, {v.scope}): {v.result}" for v in self.verdicts if not v.ok]
-        out += [f"mutant {m['name']} survived" for m in self.mutants if not m["killed"]]
-        out += [f"mutant {m['name']} not killed by its expected killer {m['expected']}"
-                for m in self.mutants if m["killed"] and not m["killed_as_expected"]]
+        for kind, ms in (("mutant", self.mutants), ("dealt mutant", self.dealt_mutants)):
+            out += [f"{kind} {m['name']} survived" for m in ms if not m["killed"]]
+            out += [f"{kind} {m['name']} not killed by its expected killer {m['expected']}"
+                    for m in ms if m["killed"] and not m["killed_as_expected"]]
         return out
 
     @property
@@ -79,7 +88,8 @@ class Report:
                 "scopes": self.scopes, "deep": self.deep, "ok": self.ok, "failures": self.failures,
                 "seconds": round(self.seconds, 2), "verdicts": [v.to_json() for v in self.verdicts],
                 "runs": self.runs, "worst_case": self.worst_case, "mutants": self.mutants,
-                "counterexamples": [list(c) for c in self.counterexamples], "deep_summary": self.deep_summary}
+                "counterexamples": [list(c) for c in self.counterexamples], "deep_summary": self.deep_summary,
+                "dealt_runs": self.dealt_runs, "dealt_mutants": self.dealt_mutants}
 
 
 # -- jobs (module level so that worker processes can run them) --------------------------
@@ -108,6 +118,28 @@ def _job_symbolic() -> tuple:
 def _job_mutants(symbolic: bool, names: tuple[str, ...]) -> tuple:
     from .mutants import by_name, check_mutant
     return [], [], [], [check_mutant(by_name(n), symbolic=symbolic).to_json() for n in names]
+
+
+def _job_dealt(scope: DealtScope) -> tuple:
+    from .explicit.dealt import check_dealt_scope
+    r = check_dealt_scope(scope)
+    return r.verdicts, r.runs, [list(k) + [v] for k, v in r.found.items()], r.counterexamples
+
+
+def _job_dealt_symbolic() -> tuple:
+    t0 = time.perf_counter()
+    try:
+        from .symbolic.dealt import prove_dealer
+    except ImportError as exc:
+        return [Verdict("dealer_arithmetic", "z3 all-N (dealer arithmetic)", "all N", "all", "failed",
+                        round(time.perf_counter() - t0, 3), detail=f"MISSING: z3 cannot be imported ({exc})")], \
+            [], [], []
+    return prove_dealer(), [], [], []
+
+
+def _job_dealt_mutants() -> tuple:
+    from .mutants.dealt import DEALT_MUTANTS, check_dealt_mutant
+    return [], [], [], [check_dealt_mutant(m).to_json() for m in DEALT_MUTANTS]
 
 
 def _witness_verdict(verdicts: list[Verdict]) -> Verdict:
@@ -152,14 +184,25 @@ def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True,
     work += [(f"self-checks mode {m}", _job_selfcheck, (m,), 4) for m in (0, 1, 2)]
     work += [(f"mutants {i}", _job_mutants, (mutants_symbolic, c), 15) for i, c in enumerate(chunks)]
     work += [(f"{s} mode {m}", _job_scope, (s, m), _cost(s, m)) for s in scopes for m in s.modes]
+    work += [(f"dealt scope {s}", _job_dealt, (s,), _dealt_cost(s)) for s in DEALT_SCOPES]
+    work += [("dealt symbolic", _job_dealt_symbolic, (), 1), ("dealt mutants", _job_dealt_mutants, (), 4)]
     work.sort(key=lambda w: -w[3])
     mutants: dict[str, dict] = {}
+    dealt_found: list[dict] = []
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex:
         futs = [(name, ex.submit(fn, *args)) for name, fn, args, _ in work]
         for name, fut in futs:
             verdicts, runs, worst, extra = fut.result()
             log(f"  done: {name} ({len(verdicts)} verdicts)")
             rep.verdicts += verdicts
+            if name.startswith("dealt"):
+                rep.dealt_runs += runs
+                dealt_found.append({tuple(k[:2]): k[2] for k in worst})
+                if name == "dealt mutants":
+                    rep.dealt_mutants = extra
+                else:
+                    rep.counterexamples += extra
+                continue
             rep.runs += runs
             rep.worst_case += worst
             if name.startswith("mutants"):
@@ -168,6 +211,8 @@ def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True,
                 rep.counterexamples += extra
     rep.mutants = [mutants[n] for n in names]
     rep.verdicts.append(_witness_verdict(rep.verdicts))
+    from .explicit.dealt import dealt_witness_verdicts
+    rep.verdicts += dealt_witness_verdicts(dealt_found)
     rep.seconds = time.perf_counter() - t0
     if deep:
         deep_scopes = {str(s) for s in DEEP_SCOPES}
@@ -179,6 +224,11 @@ def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True,
             "failures": [f"{v.property}/{v.mode} ({v.scope}): {v.result}" for v in rep.verdicts
                          if v.scope in deep_scopes and not v.ok]}
     return rep
+
+
+def _dealt_cost(s: DealtScope) -> float:
+    """A rough CPU-seconds estimate of one dealt scope job (orders the jobs; measured on this machine)."""
+    return {2: 1.0, 3: 2.5, 4: 16.0}.get(s.n, 20.0) * len(s.totals) ** 0.5 * len(s.modes) * (s.w ** 1.5)
 
 
 def _cost(s: Scope, mode: int) -> float:
@@ -238,8 +288,11 @@ def render_md(rep: Report) -> str:
            "Confluence is checked without quits only (a quit is the environment's choice, not the policy's); "
            "rounds equal the closed form without quits and are at most the closed form with quits.",
            "- step property (explicit engine): " + "; ".join(f"`{k}`: {v}" for k, v in STEP_PROPERTIES.items()),
-           f"- overall: **{'PASS' if rep.ok else 'FAIL'}** ({len(rep.verdicts)} verdicts, {len(rep.mutants)} mutants, "
-           f"{rep.seconds:.1f} s wall)", ""]
+           f"- overall: **{'PASS' if rep.ok else 'FAIL'}** ({len(rep.verdicts)} verdicts, {len(rep.mutants)} table "
+           f"mutants, {len(rep.dealt_mutants)} dealt mutants, {rep.seconds:.1f} s wall)",
+           "- every `always` property is also shown falsifiable: z3 finds an unconstrained state that violates it "
+           "(rows `<property>: falsifiable`; a tautology fails), and its witness implies its premise "
+           "(`witnesses_imply_antecedents`)", ""]
     if not rep.ok:
         out += ["## Failures", ""] + [f"- {f}" for f in rep.failures] + [""]
     out += ["## Verdicts", ""] + verdict_table(rep.verdicts) + [""]
@@ -299,12 +352,85 @@ def render_md(rep: Report) -> str:
     out += ["", "### Shortest counterexample of each mutant (its expected killer)", ""]
     for m in rep.mutants:
         out += [f"**{m['name']}**", "", "```", m["counterexample"] or "(none)", "```", ""]
+    out += render_dealt_md(rep)
     if rep.counterexamples:
         out += ["## Counterexamples on the current table", ""]
         for key, text in rep.counterexamples:
             out += [f"**{key}**", "", "```", text, "```", ""]
     out += ["## The table (`odb/protocol/table.py`, `DGAP`)", ""] + render_table_md(DGAP) + [""]
     return "\n".join(out)
+
+
+def render_dealt_md(rep: Report) -> list[str]:
+    """The dealt-sharding section: one line per property, the runs per scope and mode, the mutants."""
+    from models.dealt_properties import DEALT_ENGINE_PROPERTIES, DEALT_PROPERTIES
+    from .explicit.dealt import METHOD as DEALT_METHOD
+    from .symbolic.dealt import DEALER_SCOPE, OBLIGATIONS
+    vs = [v for v in rep.verdicts if v.method == DEALT_METHOD]
+    z3v = {v.property: v for v in rep.verdicts if v.method.startswith("z3 all-N (dealer")}
+    states = sum(r["states"] for r in rep.dealt_runs)
+    out = ["## Dealt sharding (`odb.batching.deal` in the checked model)", "",
+           "`models/dealt.py`: the table composed with N ranks that each read their keys through their own "
+           "`DealtOrder` replica (the real class: every deal, every read and every reserve take is its code), "
+           "a global order of P positions, each position a drop or a usable sample of some cost (chosen when "
+           "its item is first returned), prefetch up to each rank's `ahead` keys in any interleaving, the "
+           "collective of `models/env.py`, and every rank applying `DealtOrder.deal(taken, cost, dry, reserve, "
+           "need=round_needs(W, target, posted, aheads))` at its return from each collective "
+           "(`first_lead(W, aheads)` at the start). Every interleaving, every drop and cost pattern and every "
+           "choice the table allows (proposal, `use`, `take`), no symmetry reduction (ranks differ). "
+           f"Scopes: {'; '.join(str(x) for x in DEALT_SCOPES)}. {states:,} states in all.", "",
+           "One line per property (states and time: the runs that checked it, summed over scopes and modes).", "",
+           "| property | kind | modes | result | states | time (s) | what |", "|---|---|---|---|---|---|---|"]
+    names = [(p.name, p.kind, p.doc) for p in DEALT_PROPERTIES] + \
+        [(n, "engine", d) for n, d in DEALT_ENGINE_PROPERTIES.items()]
+    for name, kind, doc in names:
+        mine = [v for v in vs if v.property == name]
+        if not mine:
+            continue
+        ok = all(v.ok for v in mine)
+        res = ("FOUND" if kind == "sometimes" else "HOLDS") if ok else \
+            f"**{'/'.join(sorted({v.result.upper() for v in mine if not v.ok}))}**"
+        modes = ", ".join(m for m in ("pad", "join", "quota") if any(v.mode == m for v in mine))
+        if kind == "sometimes":
+            hit = next((v for v in mine if v.ok), None)
+            where = doc + (f" (first: {hit.mode}, {hit.detail})" if hit else "")
+            out.append(f"| {name} | {kind} | {modes} | {res} | - | - | {where} |")
+            continue
+        st = sum(v.states or 0 for v in mine)
+        secs = sum(v.seconds for v in mine)
+        out.append(f"| {name} | {kind} | {modes} | {res} | {st:,} | {secs:.2f} | {doc} |")
+    for name, _ in OBLIGATIONS:
+        v = z3v.get(name)
+        if v is not None:
+            out.append(f"| {name} | z3 all N | - | {_fmt_result(v)} | - | {v.seconds:.2f} | {DEALER_SCOPE}; "
+                       f"{v.detail.splitlines()[0]} |")
+    out += ["", "The z3 obligations and exactly what they do not prove: `proofs/symbolic/dealt.py` (module "
+            "docstring). Every always property names its witnesses (`models/dealt_properties.py`); each "
+            "witness must be found in some dealt scope.", "",
+            "| scope | mode | P | states | transitions | BFS depth | sinks | longest path | time (s) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in rep.dealt_runs:
+        groups.setdefault((r["scope"], r["mode"]), []).append(r)
+    order = {str(x): i for i, x in enumerate(DEALT_SCOPES)}
+    mode_order = {"pad": 0, "join": 1, "quota": 2}
+    for (scope, mode), rs in sorted(groups.items(), key=lambda g: (order.get(g[0][0], 99), mode_order[g[0][1]])):
+        ps = [r["total"] for r in rs]
+        prange = str(ps[0]) if len(ps) == 1 else f"{min(ps)}..{max(ps)}"
+        out.append(f"| {scope} | {mode} | {prange} | {sum(r['states'] for r in rs):,} | "
+                   f"{sum(r['transitions'] for r in rs):,} | {max(r['depth'] for r in rs)} | "
+                   f"{sum(r['sinks'] for r in rs):,} | {max((r['longest_path'] or 0) for r in rs)} | "
+                   f"{sum(r['seconds'] for r in rs):.2f} |")
+    out += ["", "### Seeded dealer and glue bugs (`proofs/mutants/dealt.py`)", "",
+            "| mutant | what | expected killer | killed | killed by | time (s) |", "|---|---|---|---|---|---|"]
+    for m in rep.dealt_mutants:
+        ks = sorted({k.split("/")[0] for k in m["killers"]})
+        out.append(f"| {m['name']} | {m['doc']} | {m['expected']} | "
+                   f"{'yes' if m['killed_as_expected'] else '**NO**'} | {', '.join(ks) or '-'} | {m['seconds']:.2f} |")
+    out += ["", "#### Shortest counterexample of each dealt mutant (its expected killer)", ""]
+    for m in rep.dealt_mutants:
+        out += [f"**{m['name']}**", "", "```", m["counterexample"] or "(none)", "```", ""]
+    return out
 
 
 def write(rep: Report, md: Path = REPORT_MD, js: Path = REPORT_JSON) -> None:

@@ -43,3 +43,29 @@ def test_committed_report_carries_a_deep_run_for_the_current_table():
     deep = _report()["deep_summary"]
     assert deep and deep["table_hash"] == DGAP.hash and deep["failures"] == []
     assert max(r["n"] for r in deep["runs"]) >= 8
+
+
+def test_committed_report_shows_every_always_property_falsifiable_in_each_of_its_modes():
+    from models.properties import PROPERTIES
+    rep = _report()
+    got = {(v["property"], v["mode"]): v["result"] for v in rep["verdicts"] if v["property"].endswith(": falsifiable")}
+    names = {0: "pad", 1: "join", 2: "quota"}
+    want = {(f"{p.name}: falsifiable", names[m]) for p in PROPERTIES if p.kind == "always" for m in p.modes}
+    assert set(got) == want and set(got.values()) == {"proved"}
+    assert [v["result"] for v in rep["verdicts"] if v["property"] == "witnesses_imply_antecedents"] == ["proved"] * 3
+
+
+def test_committed_report_carries_the_dealt_model_its_z3_proofs_and_its_mutants():
+    from proofs.mutants.dealt import DEALT_MUTANTS
+    from proofs.symbolic.dealt import OBLIGATIONS
+    rep = _report()
+    runs = rep["dealt_runs"]
+    assert {r["mode"] for r in runs} == {"pad", "join", "quota"} and max(r["n"] for r in runs) == 4
+    assert not any(r["truncated"] for r in runs)
+    dealt = [v for v in rep["verdicts"] if v["method"] == "explicit BFS (dealt model)"]
+    assert dealt and all(v["result"] in ("holds", "found") for v in dealt)
+    z3v = {v["property"]: v["result"] for v in rep["verdicts"] if v["method"] == "z3 all-N (dealer arithmetic)"}
+    assert z3v == {name: "proved" for name, _ in OBLIGATIONS}
+    assert [m["name"] for m in rep["dealt_mutants"]] == [m.name for m in DEALT_MUTANTS]
+    assert all(m["killed_as_expected"] for m in rep["dealt_mutants"])
+    assert "## Dealt sharding" in (ROOT / "REPORT.md").read_text()

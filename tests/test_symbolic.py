@@ -11,13 +11,17 @@ from dataclasses import replace
 
 import pytest
 
-from models.properties import for_mode
-from odb.protocol.expr import Cfg, Const, Field, Input, Let, and_, eq, gt, lt, not_
+from models.logic import Forall
+from models.properties import PROPERTIES, antecedent, by_name, f, for_mode, ph_is, witness_for
+from odb.protocol.expr import Cfg, Const, Field, Input, Let, and_, eq, gt, implies, lt, not_
 from odb.protocol.table import DGAP, DONE, FILL, JOIN, PAD, QUOTA, Effect, Row
 from proofs.symbolic import BOUND_FORMULA, BOUND_STATEMENT, INVARIANT, prove_all
+from proofs.symbolic.prove import falsifiability, witness_check
 from proofs.verdict import Verdict
 
 MODE_NAME = {PAD: "pad", JOIN: "join", QUOTA: "quota"}
+# verdicts not derived from the invariant (they read no Inv, so a broken invariant does not gate them)
+FREE_CHECKS = ("inductive_invariant", "non_vacuity", "witnesses_imply_antecedents")
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +35,9 @@ def test_every_obligation_is_proved_on_dgap_in_every_mode(dgap_verdicts):
     for mode, name in MODE_NAME.items():
         got = {v.property for v in dgap_verdicts if v.mode == name}
         always = {p.name for p in for_mode(mode) if p.kind == "always"}
-        assert got == always | {"inductive_invariant", "non_vacuity", "deadlock_free", "bounded_termination",
-                                "local_determinism"}
+        assert got == always | {f"{p}: falsifiable" for p in always} | {
+            "inductive_invariant", "non_vacuity", "deadlock_free", "bounded_termination", "local_determinism",
+            "witnesses_imply_antecedents"}
 
 
 def test_the_invariant_is_checked_conjunct_by_conjunct_for_every_transition(dgap_verdicts):
@@ -90,7 +95,8 @@ def test_a_rank_that_exits_without_posting_is_caught_in_every_mode():
         # the failure names the transition and the conjunct, and prints a two-state CTI
         assert "exit_early =>" in inv.detail and "fires exit_early" in inv.detail and "field" in inv.detail
         # nothing derived from a broken invariant is reported as proved
-        derived = [v for v in verdicts if v.mode == name and v.property not in ("inductive_invariant", "non_vacuity")]
+        derived = [v for v in verdicts if v.mode == name and v.property not in FREE_CHECKS
+                   and not v.property.endswith(": falsifiable")]
         assert derived and all(v.result == "unknown" and "not attempted" in v.detail for v in derived)
 
 
@@ -211,9 +217,66 @@ def test_z3_unknown_is_never_a_pass():
     verdicts = prove_all(DGAP, modes=(PAD,), timeout_ms=1)
     inv = next(v for v in verdicts if v.property == "inductive_invariant")
     assert inv.result == "unknown" and not inv.ok and "unknown" in inv.detail
-    assert not any(v.ok for v in verdicts if v.property != "non_vacuity" and v.property != "inductive_invariant")
+    # the checks that read no invariant (falsifiability, witnesses) may finish within 1 ms; nothing else passes
+    assert not any(v.ok for v in verdicts if v.property not in FREE_CHECKS and not v.property.endswith(": falsifiable"))
 
 
 def test_invariant_conjunct_names_are_unique():
     names = [c.name for c in INVARIANT]
     assert len(names) == len(set(names))
+
+
+# -- every always property can fail, and its witness is about its premise ----------------------
+def test_every_always_property_is_falsified_by_some_unconstrained_state(dgap_verdicts):
+    for mode, name in MODE_NAME.items():
+        got = {v.property: v for v in dgap_verdicts if v.mode == name and v.property.endswith(": falsifiable")}
+        assert set(got) == {f"{p.name}: falsifiable" for p in for_mode(mode) if p.kind == "always"}
+        for v in got.values():
+            assert v.result == "proved" and v.extra["queries"] == 1 and "N=" in v.extra["violated_by"]
+
+
+def test_a_one_letter_typo_that_makes_a_property_a_tautology_fails_the_falsifiability_check():
+    """``equal_steps_at_end`` with ``nb_i`` typed as ``nb_j``: nothing can violate it, so it proves
+    nothing; the invariant-based proof of it would still pass."""
+    p = by_name("equal_steps_at_end")
+    typo = replace(p, formula=Forall("i", Forall("j", implies(
+        and_(ph_is("i", DONE), ph_is("j", DONE)), eq(f("j", "nb"), f("j", "nb"))))))
+    for mode in p.modes:
+        (v,) = falsifiability(DGAP, mode, (typo,))
+        assert v.property == "equal_steps_at_end: falsifiable" and v.result == "failed" and not v.ok
+        assert "unsat, wanted sat" in v.detail and "tautology" in v.detail
+    (real,) = falsifiability(DGAP, PAD, (p,))
+    assert real.ok
+
+
+def test_falsifiability_unknown_is_a_failure():
+    (v,) = falsifiability(DGAP, QUOTA, (by_name("quota_closure"),), timeout_ms=1)
+    assert v.result in ("proved", "unknown")  # 1 ms may or may not suffice; never "failed" for a real property
+    assert v.ok == (v.result == "proved")
+
+
+def test_every_always_property_names_a_witness_for_each_of_its_modes_that_reaches_its_premise(dgap_verdicts):
+    for p in PROPERTIES:
+        if p.kind != "always":
+            continue
+        for mode in p.modes:
+            w = witness_for(p, mode)
+            assert w is not None and w.kind == "sometimes" and mode in w.modes, (p.name, mode)
+    assert antecedent(by_name("samples_accounted").formula) is None
+    assert antecedent(by_name("quota_closure").formula) is not None
+    for name in MODE_NAME.values():
+        (v,) = [v for v in dgap_verdicts if v.mode == name and v.property == "witnesses_imply_antecedents"]
+        assert v.result == "proved" and v.extra["queries"] >= 5
+
+
+def test_a_witness_that_is_not_about_the_premise_or_missing_fails_the_witness_check():
+    # a witness about posted headers says nothing about finished ranks
+    wrong = replace(by_name("equal_steps_at_end"), witness="two_headers_posted")
+    props = tuple(wrong if p.name == wrong.name else p for p in PROPERTIES)
+    v = witness_check(DGAP, PAD, props)
+    assert v.result == "failed" and "two_headers_posted implies the antecedent of equal_steps_at_end" in v.detail
+    # a witness that does not apply in a mode of the property
+    narrow = replace(by_name("round_emits_target"), witness="a_filler_is_emitted")
+    props = tuple(narrow if p.name == narrow.name else p for p in PROPERTIES)
+    v = witness_check(DGAP, QUOTA, props)
+    assert v.result == "failed" and "round_emits_target names a witness for quota" in v.detail

@@ -4,7 +4,10 @@ Legend
     Mutant.build   returns the mutated table, derived from `DGAP` by
                    `Table.replace_row`, by replacing lets, or by adding one row
                    built from an existing one (never a hand-copied table)
-    expected       the property (verdict name) that must fail on the mutant
+    expected       the property (verdict name) that must fail on the mutant: an
+                   ``always`` property or an engine property (a counterexample), or
+                   a ``sometimes`` witness (the mutant makes it unreachable where the
+                   unmutated table reaches it; see `proofs.mutants.check`)
     validate       False when the mutant breaks a rule `Table.validate` enforces
                    (the check is bypassed on purpose: the engines must still catch it)
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from odb.protocol.expr import Cfg, Const, Expr, Field, Input, Let, and_, eq, gt, ite, lt, mn, mx, not_, or_
-from odb.protocol.table import DGAP, DONE, JOIN, Effect, Table
+from odb.protocol.table import DGAP, DONE, JOIN, PAD, QUOTA, Effect, Table
 
 __all__ = ["Mutant", "MUTANTS", "by_name"]
 
@@ -93,6 +96,12 @@ def _quit_leaves_without_posting() -> Table:
     leave = replace(post, name="leave_on_quit", guard=gt(QUIT, 0), effect=Effect("none"), phase_to=DONE,
                     updates=(("ab", Const(True)),), doc="mutant: a stopping rank leaves without posting")
     return replace(t, rows=t.rows + (leave,))
+
+
+def _aggregate_op(name: str, op: str) -> Table:
+    if name not in {a.name for a in DGAP.aggregates}:
+        raise KeyError(f"no aggregate {name!r}; aggregates: {[a.name for a in DGAP.aggregates]}")
+    return replace(DGAP, aggregates=tuple(replace(a, op=op) if a.name == name else a for a in DGAP.aggregates))
 
 
 def _post_shape_local() -> Table:
@@ -181,6 +190,32 @@ MUTANTS: tuple[Mutant, ...] = (
            "take_sample drops 'quit == 0': a stopping rank may keep reading or post (two rows enabled)",
            lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), lt(buf, W), Input("src_has"))),
            "local_determinism"),
+    # -- one per property that no mutant above is expected to kill -----------------------------
+    Mutant("pad_empty_rank_sits_out",
+           "PAD owes fillers only to a rank that still holds samples (nfill := target - real if buf > 0): "
+           "an empty rank sits the round out as in JOIN, so the ranks end with different step counts",
+           lambda: _updates(DGAP, "return_go", nfill=ite(and_(eq(MODE, PAD), gt(buf, 0)),
+                                                          Let("target") - mn(Let("target"), buf), Const(0))),
+           "equal_steps_at_end"),
+    Mutant("join_hi_is_max_n",
+           "JOIN clamps the target by max_n (PAD's bound) instead of the smallest non-empty window: a rank "
+           "with fewer samples than T emits fewer than T real batches and no fillers",
+           lambda: _let(DGAP, "hi", ite(eq(MODE, QUOTA), Input("min_n"), Input("max_n"))),
+           "join_round_emits_target_or_nothing"),
+    Mutant("quota_stops_at_short_window",
+           "QUOTA stops at the first window that is not full (min_n < W) instead of the first empty one: "
+           "the epoch can end with no rank's shard emitted",
+           lambda: _let(DGAP, "stop", ite(eq(MODE, QUOTA), lt(Input("min_n"), W), eq(Input("max_n"), 0))),
+           "quota_closure"),
+    # -- witnesses as expected killers: the mutant removes a behaviour the witness shows ---------
+    Mutant("status_reduced_by_min",
+           "the header's status is reduced with MIN instead of MAX: only a unanimous stop aborts, so a rank "
+           "that stops alone never takes its peers with it",
+           lambda: _aggregate_op("max_st", "min"), "an_abort_reaches_a_healthy_rank"),
+    Mutant("grouping_never_carries",
+           "return_go's use lower bound is buf: the grouping must emit the whole window in T batches "
+           "(overfilling them) instead of carrying samples into the next round",
+           lambda: _choice(DGAP, "return_go", "use", lo=buf), "carry_is_held_across_rounds"),
 )
 
 

@@ -7,6 +7,13 @@ Legend
              witness) and "not attempted" are never kills.  A mutant is killed when
              at least one check fails on it, and killed *as expected* when its
              `Mutant.expected` property is among the failures
+    lost witness
+             a ``sometimes`` witness that the mutant's complete search does not
+             reach although the unmutated table's search of the same scope and mode
+             does (`reference_witnesses`): the mutant removed that behaviour, and a
+             "failed" verdict ``<witness>`` is added for it.  A witness that is not
+             found on the unmutated table either (the scope is too small for it)
+             stays "not found" and is no kill
     scopes   `MUTANT_SCOPES` (small: a counterexample needs at most a few ranks),
              tried in order until the expected killer fails: first a cheap one
              with a quit (the abort rows), then one without quits and D > W (a
@@ -22,13 +29,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from models.scopes import Scope
+from odb.protocol.table import DGAP
 
 from ..explicit.check import check_scope
+from ..verdict import Verdict
 from .catalogue import MUTANTS, Mutant
 
-__all__ = ["MUTANT_SCOPES", "KILL", "MutantResult", "check_mutant", "check_all"]
+__all__ = ["MUTANT_SCOPES", "KILL", "MutantResult", "check_mutant", "check_all", "reference_witnesses",
+           "lost_witnesses"]
 
 # Two ranks suffice for every mutant's counterexample; D > W exercises a full window with data left;
 # quits=1 lets one rank stop at any point (the abort rows).
@@ -64,6 +75,28 @@ class MutantResult:
                 "seconds": round(self.seconds, 3)}
 
 
+@lru_cache(maxsize=None)
+def reference_witnesses(scope: Scope, max_states: int = 300_000) -> dict[tuple[str, str], str]:
+    """``(witness, mode) -> detail`` for every ``sometimes`` witness the unmutated table reaches in `scope`
+    (computed once per scope and process)."""
+    res = check_scope(scope, table=DGAP, confluence_n_max=2, max_states=max_states, max_cex=0)
+    return {(v.property, v.mode): v.detail for v in res.verdicts if v.result == "found"}
+
+
+def lost_witnesses(verdicts: list[Verdict], scope: Scope, max_states: int = 300_000) -> list[Verdict]:
+    """A "failed" verdict for each witness of `verdicts` (one mutant's explicit verdicts at `scope`) that
+    is "not found" (a complete search: a truncated one gives "unknown") while the unmutated table finds it."""
+    ref = reference_witnesses(scope, max_states)
+    out = []
+    for v in verdicts:
+        if v.result == "not found" and (v.property, v.mode) in ref:
+            out.append(Verdict(v.property, v.method + " (witness lost)", v.scope, v.mode, KILL, v.seconds,
+                               v.states, v.depth,
+                               f"unreachable on the mutant ({v.states:,} states, complete search); the unmutated "
+                               f"table reaches it in the same scope ({ref[(v.property, v.mode)]})"))
+    return out
+
+
 def check_mutant(m: Mutant, *, scopes: tuple[Scope, ...] = MUTANT_SCOPES, symbolic: bool = False,
                  max_states: int = 300_000) -> MutantResult:
     """Every explicit verdict of `m` at `scopes` (and the z3 verdicts with `symbolic`)."""
@@ -73,10 +106,12 @@ def check_mutant(m: Mutant, *, scopes: tuple[Scope, ...] = MUTANT_SCOPES, symbol
     verdicts, cexs = [], []
     for scope in scopes:
         res = check_scope(scope, table=table, confluence_n_max=2, max_states=max_states, max_cex=50)
-        verdicts += res.verdicts
-        cexs += res.counterexamples
+        lost = lost_witnesses(res.verdicts, scope, max_states)
+        verdicts += res.verdicts + lost
+        cexs += res.counterexamples + [(f"{v.property}/{v.mode}", f"WITNESS LOST {v.property}: {v.detail}")
+                                       for v in lost]
         out.scopes.append(str(scope))
-        if any(v.result == KILL and v.property == m.expected for v in res.verdicts):
+        if any(v.result == KILL and v.property == m.expected for v in res.verdicts + lost):
             break
     out.killers = sorted({f"{v.property}/{v.mode}" for v in verdicts if v.result == KILL})
     for key, text in cexs:

@@ -34,10 +34,25 @@ Obligations (``Inv`` is the conjunction of `invariants.for_mode(mode)`,
     non_vacuity          Init & Inv & Ax, and Inv & Ax & T for every transition, and
                          the deadlock query's hypotheses, are satisfiable; rows in
                          `invariants.NEVER_FIRES` must instead be unsat
+    <property>: falsifiable
+                         not P is satisfiable over an *unconstrained* state (N >= 1,
+                         W >= 1, the mode; every rank field and environment field
+                         arbitrary within its kind; no Init, no Inv, no axiom): an
+                         ``always`` property that no state violates is a tautology
+                         (a typo such as ``nb_j == nb_j``) and proves nothing, so
+                         ``unsat`` fails; ``unknown`` fails too
+    witnesses_imply_antecedents
+                         every ``always`` property of the mode names a ``sometimes``
+                         witness for the mode (`models.properties.witness_for`), and
+                         W & not antecedent(P) is unsat over unconstrained states:
+                         the witness is about the property's premise, so its explicit
+                         reachability (`proofs.report`'s every_witness_found) shows
+                         the premise is reachable and P does not hold vacuously
 
 The properties, deadlock and termination verdicts are gated on the invariant:
 under a non-inductive invariant they prove nothing, so they are reported
-"unknown" (not attempted) when the invariant fails.
+"unknown" (not attempted) when the invariant fails.  The falsifiability and
+witness checks read no invariant, so they always run.
 """
 
 from __future__ import annotations
@@ -47,6 +62,8 @@ from dataclasses import dataclass, field
 
 import z3
 
+from models.properties import Property, antecedent, witness_for
+from models.properties import PROPERTIES as ALL_PROPERTIES
 from models.properties import for_mode as properties_for_mode
 from odb.protocol.table import DGAP, DONE, MODES, QUOTA, Table
 from proofs.verdict import Verdict
@@ -54,9 +71,11 @@ from proofs.verdict import Verdict
 from . import invariants as inv_mod
 from .encode import ENV_ARRAYS, GLOBALS, Encoder, EncodingError, Step, Sym
 
-__all__ = ["prove_all", "prove_mode", "BOUND_FORMULA", "BOUND_STATEMENT", "SCOPE", "DEFAULT_TIMEOUT_MS"]
+__all__ = ["prove_all", "prove_mode", "falsifiability", "witness_check", "BOUND_FORMULA", "BOUND_STATEMENT",
+           "SCOPE", "FREE_SCOPE", "DEFAULT_TIMEOUT_MS"]
 
 SCOPE = "all N>=1, all W>=1, all d_i>=0"
+FREE_SCOPE = "unconstrained states, all N>=1, all W>=1"
 DEFAULT_TIMEOUT_MS = 10_000
 MODE_NAMES = {v: k for k, v in MODES.items()}
 
@@ -366,11 +385,89 @@ def _non_vacuity(ctx: _Ctx) -> _Outcome:
     return out
 
 
+def _free_solver(enc: Encoder, timeout_ms: int) -> z3.Solver:
+    """A solver with the background only (N >= 1, W >= 1, the mode): no Init, no Inv, no axiom."""
+    sv = z3.Solver()
+    sv.set("timeout", timeout_ms)
+    sv.add(*enc.background)
+    return sv
+
+
+def _free_state(enc: Encoder, model: z3.ModelRef, s: Sym, max_ranks: int = 3) -> str:
+    n = model.eval(enc.N, model_completion=True).as_long()
+    ranks = range(min(n, max_ranks))
+    names = [f.name for f in enc.table.fields] + list(ENV_ARRAYS)
+    cells = "; ".join(f"r{j}: " + ", ".join(f"{x}={_val(model, s.arr(x)[j])}" for x in names) for j in ranks)
+    return f"  N={n}, " + ", ".join(f"{c}={_val(model, t)}" for c, t in enc.cfg.items()) + f"; {cells}"
+
+
+def falsifiability(table: Table = DGAP, mode: int = 0, properties: tuple[Property, ...] | None = None,
+                   timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[Verdict]:
+    """``<property>: falsifiable`` for every ``always`` property of `mode` (default: those of
+    `models.properties` for the mode): some unconstrained state violates it (z3 ``sat``; the
+    verdict's ``extra["violated_by"]`` shows one).  ``unsat`` (a tautology) fails, and so does
+    ``unknown``.  Never raises because of the table."""
+    mname = MODE_NAMES.get(mode, str(mode))
+    props = [p for p in (properties_for_mode(mode) if properties is None else properties)
+             if p.kind == "always" and mode in p.modes]
+    method = "z3 sat (some unconstrained state violates it)"
+    try:
+        enc = Encoder(table, mode, tag=".free")
+        s = enc.state("free")
+        out = []
+        for p in props:
+            o = _Outcome()
+            sv = _free_solver(enc, timeout_ms)
+            sv.add(z3.Not(enc.formula(p.formula, s)))
+            got = _run(sv, o, f"some state violates {p.name}", "sat")
+            extra = {"violated_by": _free_state(enc, sv.model(), s)} if got == "sat" else {}
+            if got == "unsat":
+                o.failures[-1] = (o.failures[-1][0], "unsat, wanted sat",
+                                  "  no state at all violates it: the property is a tautology and proves nothing")
+            out.append(_verdict(f"{p.name}: falsifiable", method, mname, o, extra=extra, scope=FREE_SCOPE))
+        return out
+    except EncodingError as exc:
+        return [Verdict("encoding", "z3 all-N encoding", FREE_SCOPE, mname, "failed", 0.0,
+                        detail=f"the table cannot be encoded: {exc}")]
+
+
+def witness_check(table: Table = DGAP, mode: int = 0, properties: tuple[Property, ...] = ALL_PROPERTIES,
+                  timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
+    """``witnesses_imply_antecedents`` for `mode` (module docstring): every ``always`` property of the
+    mode names a witness for the mode, and the witness implies the property's antecedent."""
+    mname = MODE_NAMES.get(mode, str(mode))
+    method = "z3 all-N (witness & not antecedent unsat, unconstrained states)"
+    t0 = time.perf_counter()
+    out = _Outcome()
+    try:
+        enc = Encoder(table, mode, tag=".wit")
+        s = enc.state("wit")
+        for p in properties:
+            if p.kind != "always" or mode not in p.modes:
+                continue
+            w = witness_for(p, mode, properties)
+            if w is None:
+                out.queries += 1
+                out.failures.append((f"{p.name} names a witness for {mname}", "failed",
+                                     f"  witness {p.witness!r}: none of them is a sometimes property of this mode"))
+                continue
+            a = antecedent(p.formula)
+            if a is None:
+                continue  # no premise: the property is about every state, any reachable witness will do
+            _run(_free_solver(enc, timeout_ms), out, f"{w.name} implies the antecedent of {p.name}", "unsat",
+                 z3.And(enc.formula(w.formula, s), z3.Not(enc.formula(a, s))),
+                 lambda m: _free_state(enc, m, s))
+    except EncodingError as exc:
+        return Verdict("encoding", "z3 all-N encoding", FREE_SCOPE, mname, "failed", 0.0,
+                       detail=f"the table cannot be encoded: {exc}")
+    return _verdict("witnesses_imply_antecedents", method, mname, out, t0, scope=FREE_SCOPE)
+
+
 def _verdict(name: str, method: str, mode: str, out: _Outcome, t0: float | None = None,
-             extra: dict | None = None) -> Verdict:
+             extra: dict | None = None, scope: str = SCOPE) -> Verdict:
     """`t0`: wall-clock start of the group (building included); without it, the queries' own time."""
     secs = out.seconds if t0 is None else time.perf_counter() - t0
-    return Verdict(property=name, method=method, scope=SCOPE, mode=mode, result=out.result(),
+    return Verdict(property=name, method=method, scope=scope, mode=mode, result=out.result(),
                    seconds=round(secs, 3), detail=out.detail(),
                    extra={"queries": out.queries, "slowest_query_s": round(out.slowest, 3), **(extra or {})})
 
@@ -402,6 +499,8 @@ def prove_mode(table: Table = DGAP, mode: int = 0, timeout_ms: int = DEFAULT_TIM
                                  {"conjuncts": len(ctx.conjuncts), "transitions": len(ctx.steps)}))
         t = time.perf_counter()
         verdicts.append(_verdict("non_vacuity", "z3 sat (non-vacuity)", mname, _non_vacuity(ctx), t))
+        verdicts += falsifiability(table, mode, timeout_ms=timeout_ms)
+        verdicts.append(witness_check(table, mode, timeout_ms=timeout_ms))
         gate = inv.result() == "proved"
         why = "the invariant is not inductive (see inductive_invariant); nothing derived from it is a proof"
         if gate:
