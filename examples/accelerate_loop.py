@@ -30,8 +30,8 @@ def main() -> None:
         with odb_acc.join(model):
             for ms in odb_acc.micro_steps():
                 with odb_acc.sync(model, ms):
-                    loss = model(**ms.batch).loss
-                    odb_acc.backward(loss, ms)
+                    out = model(**ms.batch)
+                    odb_acc.backward(out, ms)  # the output, not out.loss: finite when a batch has no label
                 if ms.sync:
                     opt.step()
                     sched.step()
@@ -41,7 +41,7 @@ def main() -> None:
                     if odb_acc.done:
                         break
     p = odb_acc.progress
-    accelerator.print(f"{p.samples} samples, {p.optimizer_steps} optimizer steps, last loss {loss.item():.3f}")
+    accelerator.print(f"{p.samples} samples, {p.optimizer_steps} optimizer steps, last loss {out.loss.item():.3f}")
     odb_acc.loader.close()
 
 

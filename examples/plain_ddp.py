@@ -17,7 +17,7 @@ from _tiny import TinyDataset, tiny_llama  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from odb import ODBDataLoader  # noqa: E402
-from odb.integrations import TrainStream, join_context, sample_scheduler  # noqa: E402
+from odb.integrations import TrainStream, join_context, sample_scheduler, weighted_loss  # noqa: E402
 
 
 def main() -> None:
@@ -44,8 +44,9 @@ def main() -> None:
             for ms in stream.epoch():
                 no_sync = model.no_sync() if (world > 1 and not ms.sync) else contextlib.nullcontext()
                 with no_sync:
-                    loss = model(**ms.batch).loss  # mean over this rank's label tokens
-                    (loss * ms.loss_weight).backward()
+                    out = model(**ms.batch)  # out.loss: the mean over this rank's label tokens
+                    loss = weighted_loss(out, ms.loss_weight)  # finite also with no label token (weight 0)
+                    loss.backward()
                 if ms.sync:
                     opt.step()
                     sched.step()
@@ -54,7 +55,7 @@ def main() -> None:
                         break
     p = stream.progress
     print(f"rank {loader.rank}: {p.samples} samples, {p.optimizer_steps} optimizer steps, {p.epoch} epochs, "
-          f"fillers {loader.stats.fillers}, last loss {loss.item():.3f}")
+          f"fillers {loader.stats.fillers}, last loss {out.loss.item():.3f}")
     loader.close()
     if dist.is_initialized():
         dist.barrier()  # tear down together: a peer that exits mid-teardown can abort gloo

@@ -112,6 +112,10 @@ def test_a_large_window_carries_half_its_full_groups_while_data_flows():
     over = [_summary(300, False, [0] * 4 + [2, 0, 8])] * 2  # two lone samples of 1.1-1.25 each, 8 full groups
     assert default_policy().propose(over, 64) == 10
     assert default_policy().propose(over, 256) == 6  # the over-budget slots are not halved: 2 + 8 / 2
+    odd = [_summary(300, False, [0] * 6 + [7])] * 2
+    assert default_policy().propose(odd, 256) == 4  # an odd need is halved rounding up: 7 -> 4, never 3
+    odd_over = [_summary(300, False, [0] * 4 + [2, 0, 7])] * 2
+    assert default_policy().propose(odd_over, 256) == 6  # 2 + ceil(7 / 2)
 
 
 def test_the_target_is_the_matched_profile_unless_it_covers_less_than_half_the_need():
@@ -283,3 +287,21 @@ def test_full_groups_fill_the_packed_budget():
     fills = [cost.utilisation([w[p] for p in g]) for g in groups]
     assert min(fills) > 0.9 and sum(fills) / len(fills) > 0.98
     assert fills == sorted(fills, reverse=True)  # emitted in decreasing cost
+
+
+@pytest.mark.parametrize("kind", ["packed", "quadratic"])
+@settings(max_examples=120, deadline=None)
+@given(budget=st.integers(4, 40), data=st.data())
+def test_pack_fills_an_additive_budget_exactly_and_never_one_token_over(kind, budget, data):
+    # boundary windows: lengths that sum to the budget exactly, and to one token over it
+    cost = make_cost_model(kind, budget if kind == "packed" else budget * (1 + budget / 24576))
+    a = data.draw(st.integers(1, budget - 1))
+    window = [(a,), (budget - a,), (budget - a + 1,), (a,)] + data.draw(st.lists(st.tuples(st.integers(1, budget)),
+                                                                               max_size=6))
+    for g in pack(window, cost):
+        sizes = [window[p] for p in g.positions]
+        assert len(sizes) == 1 or cost.fits(sizes), (sizes, cost.budgets)
+    if kind == "packed":
+        pair = pack([(a,), (budget - a,)], cost)
+        assert len(pair) == 1 and pair[0].fill == 1.0  # exactly the budget fits in one group
+        assert len(pack([(a,), (budget - a + 1,)], cost)) == 2  # one token over does not

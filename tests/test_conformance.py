@@ -130,6 +130,22 @@ def tamper_quit_read(lines):
     lines[i]["inputs"]["quit"] = 0
 
 
+def tamper_read_input(lines):
+    """A rank read max_n = 1 more than the collective gave, where that changes none of its rows
+    (PAD: hi = max_n and the target is the smaller proposal), so only the read-vs-collective check sees it."""
+    i = next(i for i, x in enumerate(lines) if x.get("row") == "return_go"
+             and x["inputs"]["proposal"] < x["inputs"]["max_n"])
+    lines[i]["inputs"]["max_n"] += 1
+
+
+def tamper_summary(lines):
+    lines[first(lines, "post_header")]["summary"][3] += 1
+
+
+def tamper_replicated(lines):
+    lines[last(lines, "post_header")]["replicated"][1] ^= 1  # this rank's dealer digest
+
+
 TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (0, tamper_after, "table gives"),
     (1, tamper_proposal, "proposal"),
@@ -143,6 +159,9 @@ TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (1, tamper_extra_row_after_done, "before"),
     (0, tamper_ignore_local_error, "after a local error"),
     (1, tamper_row_after_failure, "after the failure"),
+    (0, tamper_read_input, "read input max_n"),
+    (1, tamper_summary, "received summaries"),
+    (0, tamper_replicated, "different 'deal'"),
 ]
 
 
@@ -206,3 +225,30 @@ def test_a_missing_rank_trace_is_rejected(real_traces, tmp_path):
     trace_file(d, 1).unlink()
     (report,) = check_dir(str(d))
     assert not report.ok and "world size 2" in report.problems[0]
+
+
+def _other_rule(rank, world_size, trace_dir):
+    """Ranks that all run another proposal rule while their traces say "BalancedPolicy"."""
+    import odb
+    from odb.batching import policy as pol
+
+    class BalancedPolicy(pol.BalancedPolicy):  # the checker recomputes the real BalancedPolicy
+        def propose(self, summaries, window):
+            return max(1, super().propose(summaries, window) - 1)
+    from mp_harness import Samples, id_collate
+
+    loader = odb.ODBDataLoader(Samples(make_lengths(60, 9, lo=2)), 128, id_collate, buffer_size=8,
+                               policy=BalancedPolicy(), trace_dir=trace_dir, timeout_s=30)
+    n = sum(1 for _ in loader)
+    loader.close()
+    return n
+
+
+def test_proposals_from_another_rule_agreed_by_every_rank_are_caught_by_recomputing_the_policy(tmp_path):
+    # every record is consistent (ranks agree, rows replay, digests match): only recomputing
+    # policy.propose on the posted summaries can see that the ranks decided by another rule
+    d = str(tmp_path / "traces")
+    res = run_ranks(_other_rule, 2, tmp_path, args=(d,), timeout_s=60)
+    assert all(r.status == "ok" for r in res), [r.error for r in res]
+    (report,) = check_dir(d)
+    assert report.problems and all("the policy's proposal" in p for p in report.problems), report.problems

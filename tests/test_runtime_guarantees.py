@@ -267,16 +267,37 @@ def test_a_signal_handlers_exception_reaches_the_training_loop():
     # defect: a handler raising on SIGUSR1 (preemption) was discarded and the epoch trained on
     def handler(signum, frame):
         raise Preempted()
+    import gc
+
+    gc.collect()  # finalize earlier tests' loaders now: a handler's exception raised inside a __del__ is lost
     old = signal.signal(signal.SIGUSR1, handler)
     loader = odb.ODBDataLoader(SlowSamples(), 64, id_collate, buffer_size=16)
     try:
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
-        timer.start()
         with pytest.raises(Preempted):
-            batches(loader)
+            for k, _ in enumerate(loader):
+                if k == 0:  # the signal arrives while the loop runs (mostly while it waits on the loader)
+                    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     finally:
         signal.signal(signal.SIGUSR1, old)
         loader.close()
+
+
+def test_a_signal_handlers_exception_inside_collate_is_not_reported_as_a_collate_error():
+    # torch's dead-worker error comes from its SIGCHLD handler wherever the main thread is, often in
+    # collate_fn: it must not become "collate_fn raised ... on dataset indices [...]"
+    def handler(signum, frame):
+        raise Preempted()
+
+    def collate(samples):
+        os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs inside collate_fn
+        return id_collate(samples)
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with odb.ODBDataLoader(Samples(LENGTHS), 64, collate, buffer_size=8) as loader:
+            with pytest.raises(Preempted):
+                batches(loader)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
 
 
 class FailingSummary(odb.batching.BalancedPolicy):
@@ -305,3 +326,69 @@ def test_a_summarize_failure_is_posted_as_the_rank_status_and_the_trace_conforms
     (rep,) = check_dir(str(tmp_path))
     assert rep.ok, rep.problems
     assert rep.aborted and rep.rows["return_abort"] == 1 and rep.local_errors
+
+
+def test_weighted_loss_is_finite_and_keeps_the_graph_when_a_batch_has_no_label_token():
+    # defect: the README's recipe `loss * info.loss_scale` is NaN when the rank's batch has no label token
+    from odb.integrations import weighted_loss
+
+    lin = torch.nn.Linear(4, 5)
+    x, y = torch.randn(3, 4), torch.full((3,), -100)
+    logits = lin(x)
+    per_token = torch.nn.functional.cross_entropy(logits, y, reduction="sum") / (y != -100).sum()  # 0 / 0
+    naive = per_token * 0.0
+    assert torch.isnan(naive)  # what the recipe logged (its gradients happen to be 0 for cross entropy)
+    safe = weighted_loss({"loss": per_token, "logits": logits}, 0.0)
+    safe.backward()
+    assert safe.item() == 0.0 and lin.weight.grad is not None and torch.all(lin.weight.grad == 0)
+    out = {"loss": torch.tensor(2.0), "logits": logits}
+    assert weighted_loss(out, 0.5).item() == 1.0 and weighted_loss((torch.tensor(2.0), logits), 0.5).item() == 1.0
+
+
+class HangsAt(torch.utils.data.Dataset):
+    def __init__(self, n, at):
+        self.n, self.at = n, at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.at:
+            time.sleep(60)
+        return {"input_ids": [1] * 4, "id": [i]}
+
+
+def test_closing_while_the_engine_waits_on_a_hung_worker_returns_at_once():
+    # the engine's fetch gives up as soon as the rank must stop (it does not wait out timeout_s)
+    loader = odb.ODBDataLoader(HangsAt(100, 20), 64, id_collate, buffer_size=4, num_workers=1, shuffle=False,
+                               timeout_s=120)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.5)  # the engine reaches index 20 and waits on the hung worker
+    t0 = time.monotonic()
+    it.close()
+    loader.close()
+    assert time.monotonic() - t0 < 15
+
+
+def test_the_header_carries_the_status_the_row_posted_not_a_later_one(monkeypatch):
+    # the posted st is the table's payload (in.quit as the row read it); a stop arriving after the row fired
+    # is posted in the next round's header, so the trace and the header agree
+    from odb.protocol import machine
+    from odb.protocol.table import DGAP
+    from odb.runtime.engine import CLOSED, Engine
+
+    monkeypatch.setattr(Engine, "start", lambda self: None)  # build the engine without its thread
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 64, id_collate, buffer_size=4)
+    iter(loader)
+    eng = loader._engine
+    local = machine.initial_local(DGAP, eng.cfg)
+    eng._local = local
+    eng._selected(DGAP.row("post_header"))
+    eng.stop(CLOSED)  # the consumer stops right after the row fired with quit = 0
+    step = machine.Step("post_header", local, local, {}, {"quit": 0}, "post", {"n": 0, "st": 0, "shape": eng.header_len},
+                        None)
+    eng._post(step)
+    assert eng._solo[0][0] == 0 and eng.layout.decode(eng._solo[0]).st == 0
+    loader._engine = None
+    loader.close()

@@ -217,7 +217,7 @@ def _only_rank0_constructs(rank, world_size):
     import odb
 
     if rank == 1:
-        time.sleep(12)
+        time.sleep(6)
         return "absent"
     t0 = time.monotonic()
     try:

@@ -33,7 +33,7 @@ import torch
 from ..errors import ConfigError
 
 __all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
-           "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS"]
+           "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss"]
 
 # loss_basis -> (local field, global field) of odb.StepInfo
 BASIS_FIELDS = {
@@ -51,6 +51,29 @@ def loader_setting(loader: Any, name: str) -> Any:
         raise ConfigError(
             f"{type(loader).__name__} has no {name!r}; the ODB adapters take an odb.ODBDataLoader "
             "(or an object exposing mode, loss_basis and world_size)") from None
+
+
+def _part(output: Any, name: str, k: int):
+    if isinstance(output, (tuple, list)):
+        return output[k]
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        return output[name]
+    return getattr(output, name)
+
+
+def weighted_loss(output: Any, weight: float) -> torch.Tensor:
+    """The loss to backpropagate for one micro-batch: ``loss * weight``, finite when the weight is 0.
+
+    `output` is the model's output (``.loss`` and ``.logits``, or keys ``"loss"`` and ``"logits"``:
+    a transformers ``ModelOutput``) or a ``(loss, logits)`` pair; `weight` is ``MicroStep.loss_weight``
+    or ``StepInfo.loss_scale``.  With ``weight == 0`` (a filler, or a batch with no label token on this
+    rank: its mean loss is 0/0 = NaN, and NaN * 0 is NaN in the value you log and accumulate) it
+    returns ``logits.sum() * 0.0``: zero, finite, and connected
+    to every parameter that reached the output, so DDP's all-reduce still runs, with zero gradients.
+    """
+    if weight == 0:
+        return _part(output, "logits", 1).sum() * 0.0
+    return _part(output, "loss", 0) * weight
 
 
 @dataclass(frozen=True)

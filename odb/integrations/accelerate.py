@@ -38,8 +38,10 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
+import torch
+
 from ._common import (MicroStep, TrainStream, gather_rank_states, join_context, own_rank_state,
-                      sample_scheduler)
+                      sample_scheduler, weighted_loss)
 
 __all__ = ["ODBAccelerate"]
 
@@ -74,9 +76,18 @@ class ODBAccelerate:
         """``accelerator.no_sync(model)`` unless the optimizer steps after `ms`."""
         return contextlib.nullcontext() if ms.sync else self.accelerator.no_sync(model)
 
-    def backward(self, loss, ms: MicroStep) -> None:
-        """``accelerator.backward`` of the rank's mean loss times the window weight."""
-        self.accelerator.backward(loss * (ms.loss_weight * self.k))
+    def backward(self, output, ms: MicroStep) -> None:
+        """``accelerator.backward`` of the rank's mean loss times the window weight.
+
+        `output` is the model's output (``.loss`` and ``.logits``; finite also when this rank's
+        batch has no label token, see `odb.integrations.weighted_loss`) or the loss tensor itself
+        (a mean over zero label tokens is then NaN in the value, though the gradients of a plain
+        mean stay 0).
+        """
+        if isinstance(output, torch.Tensor):
+            self.accelerator.backward(output * (ms.loss_weight * self.k))
+        else:
+            self.accelerator.backward(weighted_loss(output, ms.loss_weight * self.k))
 
     def join(self, model):
         """The uneven-input context for mode "join" (module doc); a null context otherwise."""

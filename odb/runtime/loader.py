@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import queue
+import signal
 import time
 import warnings
 import weakref
@@ -125,6 +126,27 @@ class _Pass:
             self._stop(CLOSED)
         except Exception:
             pass
+
+
+def _from_signal_handler(e: BaseException) -> bool:
+    """True if `e` was raised by a Python signal handler (one installed now) that interrupted the code
+    in `e`'s traceback: torch's SIGCHLD handler reporting a dead DataLoader worker, a user's preemption
+    handler.  Such an error is not the interrupted code's (e.g. not collate_fn's) and passes unwrapped."""
+    codes = set()
+    for sig in signal.valid_signals():
+        try:
+            h = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        code = getattr(h, "__code__", None)
+        if code is not None:
+            codes.add(code)
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _ranges(positions: set) -> list[list[int]]:
@@ -527,6 +549,8 @@ class ODBDataLoader:
         try:
             batch = self.collate_fn(b.samples)
         except Exception as e:
+            if _from_signal_handler(e):  # e.g. torch's dead-worker error, raised wherever the main thread was
+                raise
             raise SampleError(f"rank {self.rank}: collate_fn raised {type(e).__name__}: {e} on {where} "
                               f"(step {info.step}, round {info.round})") from e
         if not isinstance(batch, MutableMapping):
