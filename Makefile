@@ -9,7 +9,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep bench bench-full repro repro-full examples clean
+.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full examples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,9 @@ test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process t
 
 verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs/REPORT.md
 	$(BIN)/python -m proofs verify
+
+mutants: $(VENV)/.stamp-all  ## seeded code bugs around the table, each against the tests that must kill it
+	$(BIN)/python tests/quality/code_mutants.py
 
 verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=10 at D<=1, N<=7 at D<=2); adds its figures to the report
 	$(BIN)/python -m proofs verify --deep

@@ -73,3 +73,11 @@ def test_a_reserve_take_never_reaches_a_dealt_position():
     assert d.deal([4, 3], [1, 1], [0, 0], [2, 1]) == [[4, 6], [5]]  # 7, 8, 9 were taken by their ranks
     assert d.undealt() == []
     assert d.done and d.left == 0
+
+
+def test_reads_past_the_dealt_keys_take_successive_reserve_positions_and_count_them():
+    d = DealtOrder([(p, p) for p in range(10)], 2, 0, 2)
+    d.first()                              # rank 0 is dealt 0 and 2; the cursor is at 4
+    got = [d.key(i) for i in range(6)]
+    assert got == [(0, 0), (2, 2), (9, 9), (7, 7), (5, 5), None]  # its class from the end, down to the cursor
+    assert d.reserve_taken == 3 and d.dry and d.key(5) is None  # dry stays dry

@@ -392,3 +392,14 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one(monkeypatc
     assert eng._solo[0][0] == 0 and eng.layout.decode(eng._solo[0]).st == 0
     loader._engine = None
     loader.close()
+
+
+@pytest.mark.parametrize("window", [2, 3, 4])
+def test_join_mode_emits_every_sample_whatever_the_last_window_holds(window):
+    # the rank's iterator ends only when its window is empty and its source exhausted: a last window
+    # of one sample (n mod W == 1 after carries) must still be emitted
+    for n in range(1, 14):
+        with odb.ODBDataLoader(Samples(make_lengths(n, n, 2, 30)), 64, id_collate, buffer_size=window,
+                               mode="join") as loader:
+            got = sorted(i for _, info in batches(loader) for i in info.indices)
+        assert got == list(range(n)), (window, n, got)

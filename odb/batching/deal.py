@@ -157,7 +157,9 @@ def intake_bound(window: int, n: int, ladder: Sequence[int], target: int) -> int
 
 def first_lead(window: int, aheads: Sequence[int]) -> int:
     """The first deal's lead, the same on every rank: the window, the largest prefetch any rank
-    posted (``aheads``: each rank's inner-DataLoader prefetch, gathered), and one."""
+    posted (``aheads``: each rank's inner-DataLoader prefetch, gathered), and one (a margin: the
+    exhaustive dealt model, ``models/dealt.py``, finds no property that needs it; it absorbs a
+    policy that emits one sample more than its posted bound)."""
     return int(window) + max((int(a) for a in aheads), default=0) + 1
 
 
@@ -165,7 +167,8 @@ def round_needs(window: int, target: int, posted: Sequence[tuple[int, Sequence[i
                 aheads: Sequence[int]) -> list[int]:
     """Each rank's need for one round's deal, from gathered values only: its `intake_bound` (its
     posted window size ``n`` and intake ladder, the round's target) plus its gathered prefetch
-    and one (what its inner DataLoader may pull ahead of its window before the next deal)."""
+    (what its inner DataLoader may read ahead of its window before the next deal) and one (the
+    margin of `first_lead`)."""
     if len(posted) != len(aheads):
         raise ValueError(f"round_needs got {len(posted)} posted headers and {len(aheads)} prefetch values")
     return [intake_bound(window, n, ladder, target) + int(a) + 1 for (n, ladder), a in zip(posted, aheads)]
@@ -343,9 +346,12 @@ class DealtOrder:
         return mine
 
     def key(self, i: int) -> tuple[int, Any] | None:
-        """The key of this rank's i-th read (reads come in order i = 0, 1, ...), or None: the end."""
+        """The key of this rank's i-th read (reads come in order i = 0, 1, ...), or None: the end.
+        Raises ValueError for a read past the next one (a reserve take would answer the wrong read)."""
         if i < len(self.keys):
             return self.keys[i]
+        if i > len(self.keys):
+            raise ValueError(f"read {i} of rank {self.rank}'s dealt keys before read {len(self.keys)}")
         if self.done or self.dry:
             return None
         p = self.dealer.reserve_position(self.rank, self.reserve_taken)

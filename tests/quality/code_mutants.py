@@ -1,0 +1,286 @@
+"""Seeded one-line bugs in the code around the table, and the tests that must kill each.
+
+Legend
+    mutant   `CodeMutant`: in `path`, the exact text `old` (it must occur once) becomes `new`;
+             `tests` are the pytest node ids (or files) expected to fail on it
+    killed   the expected tests fail on the mutant (any failure, error or timeout), while the
+             same tests pass on the unmutated tree (the baseline run first)
+    classes  the bug classes issue 12 found surviving are marked ``survivor``; the rest are
+             bugs in the runtime code the issue added or touched
+
+The table's own mutants live in `proofs.mutants`; these are the runtime, the core, the dealer,
+the policy and the conformance checker.  `make mutants` runs every one (minutes: each runs its
+tests in a copy of the working tree); `tests/test_code_mutants.py` checks, in CI, that every
+mutant still applies to the current source (a refactor that moves the text must move the mutant).
+
+    python tests/quality/code_mutants.py [--only NAME ...] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+G = "tests/test_runtime_guarantees.py::"
+R = "tests/test_runtime_replicas.py::"
+C = "tests/test_conformance.py::"
+
+
+@dataclass(frozen=True)
+class CodeMutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    doc: str
+    survivor: bool = False  # a bug class issue 12 found surviving the suite
+
+
+MUTANTS: tuple[CodeMutant, ...] = (
+    # -- the classes that survived before issue 12 ------------------------------------------------------------
+    CodeMutant("header_st_from_live_quit", "odb/runtime/engine.py",
+               'st=s.payload["st"], round=self._posted', "st=self._quit, round=self._posted",
+               (G + "test_the_header_carries_the_status_the_row_posted_not_a_later_one",),
+               "the header's status is read from the live quit instead of the row's payload", True),
+    CodeMutant("propose_with_world_size", "odb/core/replica.py",
+               'proposal = int(policy.propose(summaries, cfg["W"]))',
+               "proposal = int(policy.propose(summaries, len(summaries)))",
+               ("tests/test_core.py::test_round_proposal_asks_the_policy_with_the_window_and_skips_it_when_the_round_aborts",),
+               "propose called with the world size instead of W", True),
+    CodeMutant("packed_one_token_over", "odb/batching/grouping.py", "if tot + v <= B:", "if tot + v <= B + 1:",
+               ("tests/test_batching_policy.py::test_pack_fills_an_additive_budget_exactly_and_never_one_token_over",),
+               "packed grouping allows one token over the budget", True),
+    CodeMutant("reservoir_rounds_down", "odb/batching/policy.py", "t = qt + (t - qt + 1) // 2", "t = qt + (t - qt) // 2",
+               ("tests/test_batching_policy.py::test_a_large_window_carries_half_its_full_groups_while_data_flows",),
+               "the policy's reservoir rounds an odd need down", True),
+    CodeMutant("loss_scale_slots_swapped", "odb/runtime/info.py",
+               'LOSS_BASES = {"tokens": 0, "label_tokens": 1, "samples": 2}',
+               'LOSS_BASES = {"tokens": 1, "label_tokens": 0, "samples": 2}',
+               (R + "test_loss_scale_equals_its_definition_at_every_step_on_every_rank",),
+               "the tokens and label_tokens slots of loss_scale swapped", True),
+    CodeMutant("shift_counts_the_head", "odb/runtime/source.py", "labels = labels[1:]", "labels = labels[:-1]",
+               (G + "test_count_labels_shift_counts_the_targets_after_the_first_position",),
+               "shift_labels counts labels[:-1]", True),
+    CodeMutant("state_drops_complete", "odb/runtime/loader.py", "        self._complete = complete\n",
+               "        self._complete = False\n",
+               (G + "test_resuming_from_a_completed_pass_starts_the_epoch_again",),
+               "load_state_dict drops the complete flag", True),
+    CodeMutant("checker_skips_read_inputs", "proofs/conformance/check.py",
+               "if k in collective and want.get(k) != v:", "if False and k in collective and want.get(k) != v:",
+               (C + "test_a_tampered_trace_is_rejected[tamper_read_input]",),
+               "the conformance checker no longer compares the inputs a rank read with the collective", True),
+    CodeMutant("checker_skips_the_policy", "proofs/conformance/check.py",
+               "if recomputed != proposal:", "if False:",
+               (C + "test_proposals_from_another_rule_agreed_by_every_rank_are_caught_by_recomputing_the_policy",),
+               "the conformance checker no longer recomputes the policy's proposal", True),
+    # -- replicated decisions ----------------------------------------------------------------------------------------
+    CodeMutant("digest_not_checked", "odb/core/replica.py", "for name in REPLICATED:", "for name in ():",
+               (R + "test_replicas_that_diverge_fail_every_rank_in_the_same_round_naming_the_field",
+                R + "test_ranks_on_different_epochs_all_get_a_config_error_before_any_batch"),
+               "the replicated fields are posted but never compared"),
+    CodeMutant("needs_from_own_prefetch", "odb/runtime/loader.py", "return tuple(row[-1] for row in rows)",
+               "return (int(ahead),) * self.world_size",
+               (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
+               "every rank uses its own prefetch for every rank's need (the bug behind issue 12)"),
+    CodeMutant("lead_from_own_prefetch", "odb/runtime/loader.py", "lead=first_lead(self.buffer_size, self._aheads)",
+               "lead=first_lead(self.buffer_size, (self._source.ahead,))",
+               (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
+               "the first deal's lead reads this rank's own prefetch"),
+    CodeMutant("epoch_not_posted", "odb/runtime/engine.py", "epoch=self.replica.epoch,\n", "epoch=0,\n",
+               (R + "test_ranks_on_different_epochs_all_get_a_config_error_before_any_batch",),
+               "the header carries no epoch"),
+    CodeMutant("abort_round_asks_the_policy", "odb/core/replica.py",
+               "    if evaluate(Let(\"abort\"), Scope(inputs=probe, cfg=cfg, lets=table.let_map)):\n        return lo\n",
+               "", (R + "test_a_summarize_failure_on_one_rank_takes_every_rank_out_through_the_abort_row",),
+               "the proposal is asked for in an abort round (a failing rank's placeholder summary reaches it)"),
+    CodeMutant("construction_check_drops_a_field", "odb/core/shared.py",
+               "for j, name in enumerate(names) if len(", "for j, name in enumerate(names[:-1]) if len(",
+               ("tests/test_runtime_dist.py::test_ranks_that_build_their_loaders_differently_all_get_a_config_error",
+                "tests/test_core.py::test_the_construction_check_vector_is_generated_from_every_shared_field"),
+               "the construction check leaves the last setting out (the order: shuffle, seed, length)"),
+    CodeMutant("callable_cost_by_name", "odb/core/shared.py",
+               'return f"callable {cost.name}(budgets={list(cost.budgets)}) {_describe_fn(cost.fn)}"',
+               'return "callable"',
+               (R + "test_the_construction_check_compares_costs_by_value_and_prints_them",),
+               "a callable cost is compared by its kind only"),
+    CodeMutant("release_skips_last_rank", "odb/runtime/engine.py",
+               "g = [sum(h.count(k, j) for h in headers) for j in range(3)]",
+               "g = [sum(h.count(k, j) for h in (headers[:-1] or headers)) for j in range(3)]",
+               (R + "test_loss_scale_equals_its_definition_at_every_step_on_every_rank",),
+               "the global counts leave out the last rank"),
+    # -- bad input, labels, fillers ----------------------------------------------------------------------------------
+    CodeMutant("labels_without_ids_fallback", "odb/runtime/source.py", 'labels = sample.get("input_ids")',
+               "labels = None", (G + "test_samples_without_labels_count_the_label_tokens_pad_collate_builds",),
+               "samples without labels count 0 label tokens"),
+    CodeMutant("zero_labels_silent", "odb/runtime/engine.py",
+               "if self.loss_slot == 1 and self._labels_seen == 0 and",
+               "if False and self._labels_seen == 0 and",
+               (G + "test_labels_all_masked_raise_on_every_rank_instead_of_training_with_zero_weights",
+                R + "test_labels_all_masked_raise_on_every_rank_after_the_same_step"),
+               "an epoch without one label token trains with every loss_scale 0"),
+    CodeMutant("length_ignores_shape", "odb/runtime/source.py", "if len(shape) != 1:", "if len(shape) > 2:",
+               (G + "test_input_ids_that_are_not_one_dimensional_raise_with_the_index",),
+               "a [1, n] input_ids is measured as one token"),
+    CodeMutant("length_accepts_floats", "odb/runtime/source.py", "return operator.index(v)", "return int(v)",
+               (G + "test_a_length_fn_must_return_ints",), "a float or string length is truncated"),
+    CodeMutant("filler_first_sample", "odb/runtime/engine.py",
+               "if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)\n"
+               "                c = self.cost.utilisation([sizes])\n"
+               "                if self._template is None or c < self._template_cost:",
+               "if True:\n                c = 0\n                if self._template is None:",
+               (R + "test_fillers_replay_the_cheapest_sample_within_the_budget_never_an_oversize_one",),
+               "fillers replay the rank's first sample, over budget or not"),
+    CodeMutant("empty_samples_enter_the_window", "odb/runtime/engine.py", "if sizes[0] == 0:", "if False:",
+               ("tests/test_runtime_single.py::test_dropped_and_empty_samples_are_counted_never_silent",),
+               "a zero-length sample is emitted instead of counted"),
+    # -- lifecycle and errors ----------------------------------------------------------------------------------------
+    CodeMutant("consumer_catches_everything", "odb/runtime/loader.py", "except queue.Empty:  # make sure",
+               "except Exception:  # make sure",
+               (G + "test_a_signal_handlers_exception_reaches_the_training_loop",
+                G + "test_a_dead_worker_is_seen_at_once_not_after_timeout_s"),
+               "the consumer's wait swallows every exception as queue.Empty"),
+    CodeMutant("collate_wraps_signal_errors", "odb/runtime/loader.py", "if _from_signal_handler(e):", "if False:",
+               (G + "test_a_signal_handlers_exception_inside_collate_is_not_reported_as_a_collate_error",),
+               "a signal handler's exception inside collate_fn is reported as a collate error"),
+    CodeMutant("poll_ignores_stop", "odb/runtime/source.py", "if stopping():", "if False:",
+               (G + "test_closing_while_the_engine_waits_on_a_hung_worker_returns_at_once",),
+               "a fetch waiting on a hung worker ignores the rank's stop"),
+    CodeMutant("set_epoch_unchecked", "odb/runtime/loader.py",
+               "if live is not None and live._open and epoch != self._epoch:", "if False:",
+               (G + "test_set_epoch_while_a_pass_is_open_is_refused_and_cannot_corrupt_the_next_epoch",),
+               "set_epoch during an open pass"),
+    CodeMutant("closed_iterator_unchecked", "odb/runtime/loader.py",
+               "        if loader._closed:\n            self._open = False\n",
+               "        if False:\n            self._open = False\n",
+               (G + "test_a_closed_loaders_iterator_raises_a_clear_error",), "a closed loader's iterator goes on"),
+    CodeMutant("state_ranges_unbounded", "odb/runtime/loader.py", "or (total >= 0 and rg[1] > total)", "or False",
+               (G + "test_load_state_dict_validates_every_field",), "a state's ranges past the end are accepted"),
+    CodeMutant("new_group_error_raw", "odb/runtime/loader.py",
+               "except RuntimeError as e:  # the store barrier", "except KeyError as e:  # the store barrier",
+               (R + "test_a_rank_missing_at_construction_gives_rank_failure_within_timeout_s",),
+               "a rank missing at construction surfaces as a bare RuntimeError"),
+    # (dropping `local["x"]` here instead is equivalent: at return_go buf is the posted n, and a rank posts
+    # with buf < W only when its source is exhausted or it stops; docs/decisions/2026-12-01-replicated-decisions.md)
+    CodeMutant("join_ends_with_a_sample_held", "odb/runtime/engine.py",
+               'and local["buf"] == 0 and local["x"] and not self._ended:', 'and local["buf"] <= 1 and local["x"] and not self._ended:',
+               (G + "test_join_mode_emits_every_sample_whatever_the_last_window_holds",),
+               "a JOIN rank ends its iterator while its window still holds a sample"),
+    # -- the dealer ------------------------------------------------------------------------------------------------
+    CodeMutant("reserve_take_not_counted", "odb/batching/deal.py",
+               "        self.reserve_taken += 1\n", "",
+               ("tests/test_deal_reserve.py::test_reads_past_the_dealt_keys_take_successive_reserve_positions_and_count_them",),
+               "a reserve take is not counted (the next one takes the same position; replicas never skip it)"),
+    CodeMutant("dealer_forgets_reserve", "odb/batching/deal.py",
+               "while self.cursor < self.total and self._reserved_at(self.cursor):", "while False:",
+               ("tests/test_deal_reserve.py",), "the dealer deals positions a rank took from its reserve"),
+    CodeMutant("intake_bound_without_refill", "odb/batching/deal.py",
+               "return max(0, int(window) - int(n)) + int(ladder[j])", "return int(ladder[j])",
+               ("tests/test_dealt.py", "tests/test_deal.py"),
+               "the intake bound forgets the refill of the window (ranks take reserves without drops)"),
+    # -- the conformance checker -----------------------------------------------------------------------------------
+    CodeMutant("checker_skips_replicated", "proofs/conformance/check.py",
+               "            if len(set(vals)) > 1:\n                rep.problems.append(f\"round {rnd}: ranks posted different",
+               "            if False:\n                rep.problems.append(f\"round {rnd}: ranks posted different",
+               (C + "test_a_tampered_trace_is_rejected[tamper_replicated]",),
+               "the checker does not compare the replicated fields across ranks"),
+    CodeMutant("checker_skips_summaries", "proofs/conformance/check.py",
+               'if coll["summaries"] != summaries:', "if False:",
+               (C + "test_a_tampered_trace_is_rejected[tamper_summary]",),
+               "the checker does not compare received summaries with posted ones"),
+)
+
+
+def by_name(name: str) -> CodeMutant:
+    for m in MUTANTS:
+        if m.name == name:
+            return m
+    raise KeyError(f"no code mutant {name!r}; mutants: {[m.name for m in MUTANTS]}")
+
+
+def apply(m: CodeMutant, root: Path) -> None:
+    """Apply `m` to the tree at `root`; raises ValueError unless `old` occurs exactly once."""
+    p = root / m.path
+    text = p.read_text()
+    if text.count(m.old) != 1:
+        raise ValueError(f"code mutant {m.name}: its text occurs {text.count(m.old)} times in {m.path}, not once")
+    p.write_text(text.replace(m.old, m.new))
+
+
+def _copy_tree(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+def _pytest(root: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                             cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, tail = out.returncode, (out.stdout + out.stderr).strip().splitlines()[-1:]
+    except subprocess.TimeoutExpired:
+        rc, tail = -9, ["timeout"]
+    return rc, time.monotonic() - t0, " ".join(tail)
+
+
+def run(names: list[str] | None = None, timeout: int = 600, log=print) -> list[dict]:
+    """Baseline each mutant's tests on an unmutated copy, then on the mutant; return one record each."""
+    chosen = [by_name(n) for n in names] if names else list(MUTANTS)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="odb-code-mutants-") as tmp:
+        base = Path(tmp) / "base"
+        _copy_tree(base)
+        probe = subprocess.run([sys.executable, "-c", "import odb; print(odb.__file__)"], cwd=base,
+                               capture_output=True, text=True)
+        if not probe.stdout.startswith(str(base)):
+            raise RuntimeError(f"the copy imports odb from {probe.stdout.strip()}, not from {base}")
+        for m in chosen:
+            rc0, s0, tail0 = _pytest(base, m.tests, timeout)
+            work = Path(tmp) / m.name
+            shutil.copytree(base, work)
+            apply(m, work)
+            rc, s, tail = _pytest(work, m.tests, timeout)
+            shutil.rmtree(work)
+            rec = {"name": m.name, "survivor_class": m.survivor, "baseline_passes": rc0 == 0,
+                   "killed": rc0 == 0 and rc != 0, "seconds": round(s0 + s, 1), "mutant_tail": tail,
+                   "baseline_tail": tail0}
+            log(f"{m.name:36} {'KILLED' if rec['killed'] else ('BASELINE FAILS' if rc0 else 'SURVIVED')} "
+                f"({rec['seconds']} s) {tail}")
+            out.append(rec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="mutant names (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        for m in MUTANTS:
+            print(f"{m.name:36} {m.path:32} {m.doc}")
+        return 0
+    t0 = time.monotonic()
+    res = run(a.only)
+    killed = sum(r["killed"] for r in res)
+    surv = [r for r in res if r["survivor_class"]]
+    print(f"\n{killed}/{len(res)} killed ({sum(r['killed'] for r in surv)}/{len(surv)} of the classes that survived "
+          f"before issue 12); {time.monotonic() - t0:.0f} s")
+    return 0 if killed == len(res) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The seeded code bugs of `tests/quality/code_mutants.py` still apply to the current source.
+
+Killing them takes minutes (`make mutants`); this only keeps the catalogue from rotting: every
+mutant's text occurs exactly once in its file, changes it, and names tests that exist.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "quality"))
+from code_mutants import MUTANTS, ROOT  # noqa: E402
+
+
+def test_every_code_mutant_has_a_unique_name_and_the_survivor_classes_are_all_there():
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 30
+    assert sum(m.survivor for m in MUTANTS) == 9
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)
+def test_a_code_mutant_applies_once_and_names_existing_tests(m):
+    text = (ROOT / m.path).read_text()
+    assert text.count(m.old) == 1, f"{m.name}: its text occurs {text.count(m.old)} times in {m.path}"
+    assert m.old != m.new
+    for t in m.tests:
+        path, _, node = t.partition("::")
+        src = (ROOT / path).read_text()
+        if node:
+            fn = re.sub(r"\[.*\]$", "", node)
+            assert re.search(rf"^def {re.escape(fn)}\(", src, re.M), f"{m.name}: no test {t}"

@@ -1,0 +1,154 @@
+"""The pure rank core (`odb.core`): the named header, the compared settings, the replicated decision."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from odb.batching import default_policy
+from odb.batching.deal import DealtOrder, intake_ladder
+from odb.batching.policy import NUM_BUCKETS, SUMMARY_TAG
+from odb.core import REPLICATED, HeaderLayout, Replicated, Shared, mismatches, round_proposal
+from odb.core.shared import PARAMETERS, describe_cost, describe_policy
+from odb.errors import ConfigError, ProtocolError
+from odb.protocol.table import DGAP, MODES
+
+
+def _layout(w=8):
+    return HeaderLayout(default_policy().summary_len, w, len(intake_ladder(w)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(w=st.integers(1, 40), data=st.data())
+def test_a_header_decodes_to_the_fields_it_was_encoded_from(w, data):
+    lay = HeaderLayout(3, w, len(intake_ladder(w)))
+    ints = st.integers(-2**40, 2**40)
+    parts = dict(st=data.draw(ints), round=data.draw(ints), n=data.draw(ints), epoch=data.draw(ints),
+                 digest=data.draw(st.lists(ints, min_size=3, max_size=3)), summary=data.draw(st.lists(ints, min_size=3, max_size=3)),
+                 taken=data.draw(ints), cost=data.draw(ints), dry=data.draw(ints), reserve=data.draw(ints),
+                 intake=data.draw(st.lists(ints, min_size=lay.ladder_len, max_size=lay.ladder_len)),
+                 counts=data.draw(st.lists(ints, min_size=3 * w, max_size=3 * w)))
+    row = lay.encode(**parts)
+    h = lay.decode(row)
+    assert len(row) == lay.length == 11 + 3 + lay.ladder_len + 3 * w
+    assert (h.epoch, h.deal, h.target, h.proposal) == (parts["epoch"], *parts["digest"])
+    assert list(h.summary) == parts["summary"] and list(h.counts) == parts["counts"]
+    assert (h.st, h.round, h.n, h.taken, h.cost, h.dry, h.reserve) == tuple(
+        parts[k] for k in ("st", "round", "n", "taken", "cost", "dry", "reserve"))
+    assert h.count(w - 1, 2) == parts["counts"][-1]
+    with pytest.raises(ValueError, match="holds"):
+        lay.decode(row[:-1])
+    with pytest.raises(ValueError, match="summary"):
+        lay.encode(**{**parts, "summary": [1]})
+
+
+def _shared(**kw):
+    base = dict(protocol="p", window=8, mode="pad", sharding="dealt", header_len=_layout().length,
+                policy=describe_policy(default_policy()), cost="padded(tokens:padded<=64)",
+                loss_basis="label_tokens", shift_labels=False, order="shuffle=True seed=0 positions=60")
+    return Shared(**{**base, **kw})
+
+
+def test_the_construction_check_vector_is_generated_from_every_shared_field():
+    names = [f.name for f in dataclasses.fields(Shared)]
+    a = _shared()
+    assert len(a.vector()) == len(names) == len(a.describe()) and set(PARAMETERS) == set(names)
+    for name in names:  # changing any one field shows as exactly that mismatch
+        v = getattr(a, name)
+        other = (not v) if isinstance(v, bool) else (v + 1 if isinstance(v, int) else v + "x")
+        b = dataclasses.replace(a, **{name: other})
+        assert mismatches([a.vector(), b.vector()]) == [name]
+    assert mismatches([a.vector(), a.vector()]) == []
+
+
+def test_policy_and_cost_descriptions_hold_their_parameters():
+    from odb.batching import make_cost_model
+
+    assert "<=8192" in describe_cost(make_cost_model("padded", 8192))
+    assert describe_cost(make_cost_model("padded", 8192)) != describe_cost(make_cost_model("padded", 4096))
+    f1 = make_cost_model(lambda b: sum(s[0] for s in b), 100)
+    f2 = make_cost_model(lambda b: len(b) * max(s[0] for s in b), 100)
+    assert describe_cost(f1) != describe_cost(f2) and "budgets=[100.0]" in describe_cost(f1)
+
+    class Tuned(type(default_policy())):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+    assert describe_policy(Tuned(1)) != describe_policy(Tuned(2))  # public parameters are compared
+    p = default_policy()
+    p._memo = ("a cache",)
+    assert describe_policy(p) == describe_policy(default_policy())  # caches are not
+
+
+def _summary(n, exhausted, groups):
+    h = [0] * NUM_BUCKETS
+    h[6] = groups
+    return [SUMMARY_TAG, n, int(exhausted), groups, groups, *h]
+
+
+def test_round_proposal_asks_the_policy_with_the_window_and_skips_it_when_the_round_aborts():
+    cfg = {"W": 256, "mode": MODES["pad"], "header_len": 9}
+    summaries = [_summary(256, False, 7), _summary(256, False, 7)]
+    headers = [{"st": 0, "n": 256, "shape": 9}] * 2
+    pol = default_policy()
+    assert round_proposal(DGAP, cfg, headers, summaries, pol, 0) == pol.propose(summaries, 256) == 4
+    assert pol.propose(summaries, 2) == 7  # the world size as the window would switch the reservoir off
+    aborted = [{"st": 2, "n": 256, "shape": 9}, headers[1]]
+    bad = [[0] * len(summaries[0]), summaries[1]]  # a failing rank's placeholder summary
+    assert round_proposal(DGAP, cfg, aborted, bad, pol, 0) == 1  # the table's lower bound; propose not asked
+    with pytest.raises(ProtocolError):
+        round_proposal(DGAP, cfg, headers, bad, pol, 0)
+
+    class Wild:
+        def propose(self, summaries, window):
+            return window + 5
+    with pytest.raises(ProtocolError, match="outside the table's bounds"):
+        round_proposal(DGAP, cfg, headers, summaries, Wild(), 3)
+
+
+def _rows(lay, rep_fields, n=4):
+    out = []
+    for r, (epoch, digest) in enumerate(rep_fields):
+        out.append(lay.decode(lay.encode(st=0, round=0, n=n, epoch=epoch, digest=digest,
+                                          summary=_summary(n, False, 2), taken=n, cost=n, dry=0, reserve=0,
+                                          intake=[n] * lay.ladder_len, counts=[0] * (3 * lay.window))))
+    return out
+
+
+@pytest.mark.parametrize("field", REPLICATED)
+def test_a_replicated_field_that_differs_fails_every_replica_naming_it_and_the_ranks(field):
+    lay = _layout()
+    base = [(0, (5, 0, 0))] * 3
+    j = REPLICATED.index(field)
+    bad = list(base)
+    epoch, dg = bad[2]
+    vals = [epoch, *dg]
+    vals[j] += 1
+    bad[2] = (vals[0], tuple(vals[1:]))
+    for rank in range(3):
+        rep = Replicated(_shared(), world_size=3, aheads=(0, 0, 0), policy=default_policy(), order=None, epoch=0)
+        err = ConfigError if field == "epoch" else ProtocolError
+        with pytest.raises(err) as e:
+            rep.decide(_rows(lay, bad))
+        assert "ranks [0, 1]" in str(e.value) and "ranks [2]" in str(e.value)
+        if field != "epoch":
+            assert repr(field) in str(e.value)
+
+
+def test_replicas_fed_the_same_rows_decide_and_deal_alike_whatever_their_rank():
+    lay = _layout()
+    keys = [(p, p) for p in range(40)]
+    reps = []
+    for rank in range(3):
+        order = DealtOrder(keys, 3, rank, 10)
+        order.first()
+        reps.append(Replicated(_shared(), world_size=3, aheads=(0, 2, 6), policy=default_policy(), order=order,
+                               epoch=0))
+    digests = {r.digest() for r in reps}
+    assert len(digests) == 1
+    rows = _rows(lay, [(0, reps[0].digest())] * 3)
+    decisions = [r.decide(rows) for r in reps]
+    assert len({(d.proposal, d.target, tuple(sorted(d.inputs.items()))) for d in decisions}) == 1
+    assert len({r.digest() for r in reps}) == 1 and reps[0].digest() != next(iter(digests))
+    got = sorted(k for r in reps for k in r.order.keys)
+    assert len(got) == len(set(got))  # every dealt key on exactly one rank
