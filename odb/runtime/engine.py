@@ -353,10 +353,10 @@ class Engine:
                     self.stats.oversize_skipped += 1
                     continue
             item = Item(pos, index, sample, sizes, labels)
+            c = self._sample_cost(sizes)
             if self.deal is not None:
-                self._cost_taken += self._sample_cost(sizes)
+                self._cost_taken += c
             if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
-                c = self.cost.utilisation([sizes])
                 if self._template is None or c < self._template_cost:
                     self._template, self._template_cost = sample, c
             return item

@@ -62,6 +62,11 @@ def default_length(sample: Any) -> int:
         raise KeyError(f"sample has no 'input_ids' (type {type(sample).__name__}, keys {keys}); "
                        "pass length_fn=... to ODBDataLoader for other layouts")
     ids = sample["input_ids"]
+    if type(ids) is list or type(ids) is tuple:  # the common case first (this runs once per sample)
+        if ids and isinstance(ids[0], (list, tuple)) or ids and getattr(ids[0], "shape", None):
+            raise ValueError(f"input_ids is nested (its first element is a {type(ids[0]).__name__}); a sample's "
+                             "input_ids must be 1-D (one sample, not a batch), or pass length_fn=...")
+        return len(ids)
     shape = getattr(ids, "shape", None)
     if shape is not None:
         if len(shape) != 1:
@@ -97,8 +102,10 @@ def count_labels(sample: Any, shift: bool = False) -> int:
             return 0
     if shift:
         labels = labels[1:]
-    if isinstance(labels, torch.Tensor):
+    if isinstance(labels, torch.Tensor) or hasattr(labels, "__array__"):
         return int((labels != -100).sum())
+    if isinstance(labels, (list, tuple, range)):
+        return len(labels) - labels.count(-100)  # C speed: this runs once per sample in the workers
     return sum(1 for v in labels if v != -100)
 
 
@@ -114,7 +121,9 @@ def _size(v: Any, raw: Any) -> int:
 
 def _measure(sample: Any, length_fn: Callable | None, shift: bool) -> tuple[tuple[int, ...], int]:
     raw = default_length(sample) if length_fn is None else length_fn(sample)
-    if isinstance(raw, (list, tuple)):
+    if type(raw) is int:
+        sizes = (raw,)
+    elif isinstance(raw, (list, tuple)):
         sizes = tuple(_size(v, raw) for v in raw)
     else:
         sizes = (_size(raw, raw),)

@@ -134,9 +134,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (G + "test_a_length_fn_must_return_ints",), "a float or string length is truncated"),
     CodeMutant("filler_first_sample", "odb/runtime/engine.py",
                "if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)\n"
-               "                c = self.cost.utilisation([sizes])\n"
                "                if self._template is None or c < self._template_cost:",
-               "if True:\n                c = 0\n                if self._template is None:",
+               "if True:\n                if self._template is None:",
                (R + "test_fillers_replay_the_cheapest_sample_within_the_budget_never_an_oversize_one",),
                "fillers replay the rank's first sample, over budget or not"),
     CodeMutant("empty_samples_enter_the_window", "odb/runtime/engine.py", "if sizes[0] == 0:", "if False:",
