@@ -6,7 +6,7 @@ samples per rank, padded cost under ``budget`` tokens:
 
     standard    odb.baselines.standard(batch_size=1)             (the paper's Standard)
     gmt / bmt   odb.baselines.global_max_tokens / bucketed_max_tokens (exact length cache)
-    odb_pad     paper_repro.simrank.simulate(mode="pad") through the DGAP table;
+    odb_pad     odb.core.sim.simulate(mode="pad") through the DGAP table;
                 ranks read strided shards of the same shuffled data
 
 A PAD filler is charged one forward/backward of a median-length sample; a
@@ -63,7 +63,9 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     from odb.baselines import bucketed_max_tokens, global_max_tokens, standard
     from odb.batching import default_policy, make_cost_model
 
-    from . import distributions, simrank
+    from odb.core import sim as simrank
+
+    from . import distributions
 
     n = world_size * samples_per_rank
     sizes = distributions.sample_lengths(dist, n, seed=seed)

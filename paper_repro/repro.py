@@ -8,7 +8,7 @@ ranks (`paper_repro.train`) trains every method side by side on the same
 samples from the same init, and reports literal emitted-sample throughput,
 real/padded tokens/s, steps, loader wait and validation loss at equal samples.
 Part 2 (predicted): `paper_repro.cluster_sim` feeds the exact batches of
-Standard / GMT / BMT (odb.baselines) and ODB (paper_repro.simrank, through the
+Standard / GMT / BMT (odb.baselines) and ODB (odb.core.sim: the runtime's rank core, through the
 DGAP table) to a stated step-time model for 8..1024 ranks, and sizes the
 protocol's per-round traffic against the released package's.
 Outputs land in paper_repro/results/ (Markdown, PNG, raw JSON) with SUMMARY.md.

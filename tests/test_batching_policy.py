@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from odb.batching import AlignmentPolicy, call_partition, check_partition, default_policy, make_cost_model, pack
 from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, fill_bucket, over_slots
 from odb.errors import ProtocolError
-from paper_repro.simrank import simulate
+from odb.core.sim import simulate
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
 

@@ -152,3 +152,28 @@ def test_replicas_fed_the_same_rows_decide_and_deal_alike_whatever_their_rank():
     assert len({r.digest() for r in reps}) == 1 and reps[0].digest() != next(iter(digests))
     got = sorted(k for r in reps for k in r.order.keys)
     assert len(got) == len(set(got))  # every dealt key on exactly one rank
+
+
+def test_every_loader_setting_is_compared_or_says_why_it_may_differ_per_rank():
+    from odb.runtime.settings import COMPARED, RANK_LOCAL, LoaderSettings
+
+    names = {f.name for f in dataclasses.fields(LoaderSettings)}
+    assert names == set(COMPARED) | set(RANK_LOCAL) and not set(COMPARED) & set(RANK_LOCAL)
+    assert set(COMPARED.values()) <= {f.name for f in dataclasses.fields(Shared)}
+    assert all(len(why) > 10 for why in RANK_LOCAL.values())
+
+
+def test_loader_settings_validate_and_unknown_names_list_the_valid_ones():
+    from odb.runtime.settings import LoaderSettings
+
+    s = LoaderSettings(token_budget=64, buffer_size=8)
+    assert s.buffer_size == 8 and dataclasses.replace(s, mode="join").mode == "join"
+    with pytest.raises(ConfigError, match="buffer_size"):
+        LoaderSettings(token_budget=64, buffer_size=0)
+    with pytest.raises(ConfigError, match=r"unknown settings \['bufer_size'\]; valid: .*buffer_size"):
+        LoaderSettings.from_kwargs({"token_budget": 64, "bufer_size": 8})
+    with pytest.raises(ConfigError, match="the mapping holds the budgets"):
+        LoaderSettings(token_budget=64, cost={"tokens": 64, "patches": 32})
+    assert LoaderSettings(token_budget=None, cost={"tokens": 64, "patches": 32}).cost_and_policy()[0].budgets == (64, 32)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.mode = "join"

@@ -126,7 +126,7 @@ def test_filler_sample_over_the_budget_is_refused_at_construction():
 
 
 def test_a_rank_that_saw_no_sample_within_budget_builds_fillers_from_one_that_fits():
-    from odb.runtime.loader import _first_usable
+    from odb.runtime.epoch_pass import first_usable as _first_usable
 
     ds = Samples([2000, 3000, 10, 20])
     loader = odb.ODBDataLoader(ds, 512, id_collate, buffer_size=4)
@@ -371,27 +371,44 @@ def test_closing_while_the_engine_waits_on_a_hung_worker_returns_at_once():
     assert time.monotonic() - t0 < 15
 
 
-def test_the_header_carries_the_status_the_row_posted_not_a_later_one(monkeypatch):
-    # the posted st is the table's payload (in.quit as the row read it); a stop arriving after the row fired
-    # is posted in the next round's header, so the trace and the header agree
-    from odb.protocol import machine
-    from odb.protocol.table import DGAP
-    from odb.runtime.engine import CLOSED, Engine
+def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
+    # the posted st is the table's payload (in.quit as the row read it); a stop arriving after the row
+    # fired is posted in the next round's header, so the trace and the header agree
+    from odb.batching import default_policy, make_cost_model
+    from odb.core import Replicated, Shared
+    from odb.core.info import LoaderStats
+    from odb.core.rank import CLOSED, RankCore
+    from odb.runtime.engine import header_layout
 
-    monkeypatch.setattr(Engine, "start", lambda self: None)  # build the engine without its thread
-    loader = odb.ODBDataLoader(Samples(LENGTHS), 64, id_collate, buffer_size=4)
-    iter(loader)
-    eng = loader._engine
-    local = machine.initial_local(DGAP, eng.cfg)
-    eng._local = local
-    eng._selected(DGAP.row("post_header"))
-    eng.stop(CLOSED)  # the consumer stops right after the row fired with quit = 0
-    step = machine.Step("post_header", local, local, {}, {"quit": 0}, "post", {"n": 0, "st": 0, "shape": eng.header_len},
-                        None)
-    eng._post(step)
-    assert eng._solo[0][0] == 0 and eng.layout.decode(eng._solo[0]).st == 0
-    loader._engine = None
-    loader.close()
+    class Listed:  # a data source of four samples
+        def __init__(self):
+            self.items, self.pulled, self.dry = [(p, p, {"input_ids": [1] * 3}, ((3,), 3)) for p in range(4)], 0, False
+
+        def next(self):
+            if self.pulled == len(self.items):
+                return None
+            self.pulled += 1
+            return self.items[self.pulled - 1]
+
+    lay = header_layout(default_policy().summary_len, 8)
+    shared = Shared(protocol="p", window=8, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
+                    cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
+    core = RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
+                    replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None, epoch=0),
+                    layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
+                    template=lambda: None)
+    read_at_post = []
+
+    def status():  # the consumer stops right after the post row read quit = 0
+        if read_at_post:
+            return CLOSED
+        if core.local["x"]:  # the source is exhausted: this read is the post row's payload
+            read_at_post.append(1)
+        return 0
+    out = core.step(status)
+    while out.post is None:
+        out = core.step(status)
+    assert out.step.payload["st"] == 0 and lay.decode(out.post).st == 0
 
 
 @pytest.mark.parametrize("window", [2, 3, 4])

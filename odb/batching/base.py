@@ -54,16 +54,40 @@ class CostModel(Protocol):
 
 @runtime_checkable
 class AlignmentPolicy(Protocol):
+    """What the DGAP table leaves to the batching policy (module docstring)."""
+
     summary_len: int
+    """Ints in `summarize`'s result: a constant (the header's shape must not depend on local state)."""
 
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
+        """This rank's summary of its window, posted in the round's header.
+
+        Must return exactly `summary_len` ints and be a pure function of its arguments.  An exception
+        here is this rank's local error: its header posts ``st = FAILED`` and every rank leaves in this
+        round through the table's abort (no other rank ever reads the placeholder summary).
+        """
         ...
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
+        """The round's target from every rank's summary (rank order) and the window W.
+
+        A replicated decision: every rank calls it with identical arguments and must return the same
+        int; it may read nothing else (no rank-local value, no clock, no randomness: a divergence is
+        caught by the next round's digest and fails every rank).  Must lie in the table's bounds
+        ``[1, W]`` (checked; ProtocolError otherwise); the table then clamps it by the gathered windows.
+        Not called in a round whose headers already decide an abort.
+        """
         ...
 
     def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
                   summaries: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+        """Exactly `real` non-empty, disjoint groups of window positions for the round's `target`.
+
+        Positions left out are carried to the next round (never dropped).  Each group fits the budget
+        unless it is one over-budget sample.  `summaries` are the round's gathered summaries (the list
+        `propose` saw).  Local to this rank; a result that breaks the contract (checked by
+        `check_partition`) is this rank's local error, and every rank leaves through the abort.
+        """
         ...
 
 

@@ -2,88 +2,31 @@
 
 Legend
     N        ranks; ``total`` positions ``0 .. total-1`` of the epoch's global order
-    lead     how many dealt-but-not-taken positions every rank must hold after a
-             deal while the order is not used up: ``W + P`` (window + the inner
-             DataLoader's prefetch), the most a rank can pull before the next deal
-    need_r   the same bound for rank r in one round, when the round's target T is
-             known: ``W - n_r + U_r(T) + P`` (`intake_bound`), where n_r is its
-             window at the post and U_r(T) the samples in the T largest groups
-             `grouping.pack` forms of that window (posted as `intake_ladder`)
-    taken_r  positions rank r has pulled into its window so far (cumulative)
-    cost_r   their summed per-sample cost (measured after preprocessing)
-    pend_r   dealt to rank r and not yet taken: ``dealt_r - taken_r``
-    mu       the mean measured cost per sample so far, over all ranks
+    need_r   what rank r may take into its window before the next deal, from gathered values only
+             (`round_needs`): ``W - n_r + U_r(T) + ahead_r + 1``, n_r its window at the post, U_r(T)
+             the samples in its T largest groups (posted as `intake_ladder`), ahead_r its prefetch
+    taken_r  positions rank r has pulled into its window so far; cost_r their summed measured cost
+    pend_r   dealt to rank r and not yet taken; mu the mean measured cost per sample, all ranks
     est_r    rank r's expected total intake: ``cost_r + pend_r * mu``
-    class r  the positions ``total - 1 - (N k + r)``, k = 0, 1, ...: rank r's own
-             reserve, counted from the end of the order
+    class r  the positions ``total - 1 - (N k + r)``: rank r's own reserve, counted from the end
     reserve_r positions of class r that rank r took itself (cumulative): its reserve takes
 
-Why.  With fixed shards (DistributedSampler) every rank must process its own
-shard, so the epoch's steps are set by the costliest shard and no alignment can
-beat the *shard ceiling* mean/max of the shards' total costs (e.g. 0.95 at 16
-ranks, 1024 samples each, CV 1.0).  Dealing positions of one shared order as
-ranks consume them removes that ceiling without moving a sample between ranks:
-each rank still preprocesses what it is dealt, and only positions travel (as
-arithmetic every rank repeats, not as messages).
+The rule, a function of gathered numbers only (every replica deals alike; `Dealer`):
 
-The rule, a function of globally gathered numbers only (so every rank computes
-the same deal and every position goes to exactly one rank):
+* while more positions are left than the ranks need, every rank is topped up to ``pend_r = need_r``,
+  so it never reads past what it was dealt unless it drops samples (None, empty, skipped oversize);
+* otherwise (the end game) everything left is dealt at once, one position at a time to the rank with
+  the lowest ``est_r``, so the ranks' expected totals end level;
+* a rank that reads past its dealt keys (drops; a policy over its bound) takes the next position of
+  its own class from the end of the order, while it lies at or past the dealer's cursor (nobody was
+  dealt it; classes are disjoint), and reports it in ``reserve_r``; every replica then skips it.  A
+  rank whose class is used up too is *dry*: its source ends and it is dealt nothing more.  If every
+  rank is dry, nothing is left: no position is ever lost or given twice.
 
-* while more positions are left than the ranks need, every rank is topped up
-  to ``pend_r = need_r`` (``lead`` when no bound is given), so no rank runs dry
-  before the order is used up (its
-  source never reports a false end) unless it drops samples (None, empty,
-  skipped oversize), which do not fill its window;
-* otherwise (the end game) everything left is dealt now, one position at a
-  time to the rank with the lowest ``est_r``, so the ranks' expected totals end
-  level; a rank dealt nothing more drains its window and ends, as with a
-  short shard;
-* a rank that has consumed every position dealt to it before the next deal
-  (possible only through drops) does not stop: between deals it takes the
-  next position of its own class from the end of the order, as long as that
-  position lies at or past the dealer's cursor (so nobody was dealt it and no
-  other rank can take it: classes are disjoint), and reports ``reserve_r`` in
-  its next header; every replica then skips those positions.  A rank whose
-  class is used up too is *dry*: its source ends and it is dealt nothing more.
-  If every rank is dry, every class is used up past the cursor, so nothing is
-  left: no position is ever lost or given twice.
-
-What is left uneven at the end is the unknown cost of the positions each rank
-holds dealt but not yet measured at the end game (at most ``need_r``), about
-``sqrt(need_r) * CV`` samples' worth, instead of ``sqrt(shard) * CV`` with fixed
-shards: dealing helps when shards are much longer than the window (measured
-in ``paper_repro/results/quality_sim_*.md``).
-
-Why not simply a shorter lead.  It leaves less unmeasured at the end game but
-makes ranks take their reserve in steady state, and reserve
-positions come from the end of the order, unmeasured and not levelled.
-Measured (2026-11, the benchmark grid's 180 points, a simulation that takes the
-reserve as the runtime does; not kept): a lead of W/2 for windows of 256 and
-more cut the dealt straggler misses from 89 to 76, but single points moved by
--0.050 to +0.034.  At the worst one (mmmix, 16 ranks, W = 1024, 16384 padded)
-the ranks took 8,457 of 32,768 positions from their reserves before the end
-game, which then had 250 positions left to level, and the ceiling mean/max of
-the ranks' total cost fell from 0.975 to 0.917.
-
-The per-round bound.  A rank emits at most T groups of its window in a round
-(the table's target), and the default policy emits whole groups of
-`grouping.pack` (it splits one only when T exceeds the groups it has, and then
-emits the whole window), so its next fill takes at most ``W - n_r + U_r(T)``
-positions, plus what its inner DataLoader prefetches.  Each rank posts U_r at
-the T of `intake_ladder` (1, 2, 3, 4, 6, 8, 12, ... up to W; the deal rounds T
-up to the next of them), and the dealer tops it up to that instead of the whole
-window: less is dealt unmeasured, so the end game levels the ranks' totals with
-more of the cost known.  A policy that emits more than the bound makes the rank
-take its reserve (above), as a drop does: nothing is lost.  Measured (2026-11,
-``make bench``'s 180 points, against a lead of W): at the 120 points with
-W >= 256, mean straggler efficiency +0.005 (single points -0.014 to +0.026),
-points whose dealt ceiling (mean/max of the ranks' total cost) is below 0.97
-25 -> 14, steps -0.6%; at W = 64, where a round emits most of the window
-anyway, no change on average (-0.021 to +0.023).
-
-`Dealer` is pure (no torch): the runtime feeds it the gathered ``taken``,
-``cost``, ``dry``, ``reserve`` and ``need`` of each round; the benchmark's
-simulation feeds ``taken``, ``cost`` and ``need`` (its ranks drop nothing).
+Why: with fixed shards the epoch's steps are set by the costliest shard (a shard ceiling mean/max of
+the shards' costs, e.g. 0.95 at 16 ranks with CV 1.0); dealing removes it without moving a sample
+between ranks.  The lead and bound experiments: ``docs/decisions/2026-11-29-dealing.md``.  `Dealer`
+and `DealtOrder` are pure (no torch); the runtime and `odb.core.sim` drive the same objects.
 """
 
 from __future__ import annotations

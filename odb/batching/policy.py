@@ -1,135 +1,36 @@
 """The default cross-rank alignment policy: full groups, a common minimum target, a shared cost profile.
 
 Legend
-    n_r     rank r's window size this round (carry included)
-    f_r     closed (full) groups rank r can form from its window (`grouping.pack`)
-    c_r     all groups of rank r's window, the open one included
+    n_r     rank r's window size this round (carry included); L the ranks with data (n_r > 0)
+    f_r     closed (full) groups rank r can form from its window (`grouping.pack`); c_r all its groups
     x_r     rank r's data source is exhausted
-    o_r     rank r's lone over-budget samples (closed groups of one sample costing more than the budget)
-    e_r     the over-budget slots rank r fills with its own over-budget samples (`over_slots`)
-    L       the ranks with data (n_r > 0); k = ceil(L / 2) of them make the over-budget quorum
+    o_r     rank r's lone over-budget samples; e_r the over-budget slots it fills with its own (`over_slots`)
+    u       a group's fill: its cost / budget (`CostModel.utilisation`); h_r[b] rank r's closed groups
+            whose fill falls in bucket b (`fill_bucket`: 0.025 of the budget wide from 0.5 to 1)
     T       the round's target: batches per rank
-    u       a group's cost / budget (`CostModel.utilisation`), its *fill*
-    h_r[b]  rank r's closed groups whose fill falls in bucket b (`fill_bucket`)
 
-Why this policy.  A DDP step lasts as long as its slowest rank, so every batch
-of a step should cost about the same.  The released package aligned ranks to the
-*largest* group count and padded the others by peeling single samples into
-singleton batches (plus a forced singleton per window), which wastes budget and
-creates stragglers.  Here the target starts from the *smallest* need
+The rule, a function of the gathered summaries only (every rank computes the same target):
 
-    need = max(1, min over ranks with n_r > 0 of (c_r if x_r else f_r))          (some x_r: the epoch end)
-    need = max(1, min over ranks with n_r > 0 of (f_r - o_r + e_r))              (while data flows)
+1. The need: ``max(1, min over ranks with data of (c_r if x_r else f_r))`` once some rank is
+   exhausted (the epoch end), else ``max(1, min of (f_r - o_r + e_r))`` (`_fillable`): every rank
+   emits full groups while it has them; a surplus is carried, never dropped; no sample is peeled.
+2. The over-budget quorum: a round opens with over-budget slots, costliest level first; a level gets
+   a slot while at least ``ceil(L / 2)`` ranks hold a sample of it (`over_slots`), and a rank holding
+   none lends its fullest group within budget.  Below the quorum such samples are carried.
+3. The reservoir: while data flows, with a window of at least 256 and a need of at least 4, the
+   need's ordinary slots are halved, rounding up: each rank emits its better half and re-packs the rest.
+4. The shared profile (`profile`): the over-budget slots, then per bucket within budget, costliest
+   first, ``min over ranks of h_r[b]`` slots, cut to the need.  ``T = len(profile)`` while data flows
+   and ``2 len(profile) >= need``, else ``T = need``.
+5. `partition`: slot k gets a group of the profile's bucket (fewest padding tokens first), the open
+   slots the fullest groups within budget (at the epoch end the costliest first); groups go out in
+   decreasing fill, so slot k holds the k-th costliest group on every rank.  Any ``real`` works: more
+   groups than the window forms split the largest (never below one sample).
 
-(the second exactly: the slots rank r fills without emitting a lone over-budget
-sample outside its own over-budget slots, `_fillable`), so every rank with data
-emits groups that are full (closed) as long as it has them; a rank with more
-full groups carries the surplus (emitted in a later round, never dropped), and a
-partial (open) group is only emitted when its rank's source is exhausted or when
-the rank has no full group at all (a window too small for the budget).  No
-sample is peeled into a singleton.
-
-The over-budget quorum.  A lone over-budget sample (fill above 1) makes its
-step a straggler unless the other ranks run costly batches in the same step.
-Each round therefore opens with over-budget slots (`over_slots`), costliest
-level first: a level (one of the ``OVER`` over-budget buckets) gets a slot while
-at least k of the L ranks with data hold a sample of exactly that bucket.  In
-such a slot every rank emits its costliest over-budget sample no costlier than
-the level (a cheaper one rides along for free: the step's cost is set by the
-level), and a rank holding none lends its fullest group within budget.  Samples
-of a level without a quorum are carried: while data flows the need above leaves
-them out, so no rank has to emit one in an ordinary slot (only a rank left with
-nothing else, when the table's clamp to 1 forces a batch).  Measured (2026-11)
-on the 36 grid points that hold over-budget samples (sharegpt4o and mmmix under
-a budget of 8192; ``straggler loss`` = sum over steps of the largest batch cost
-minus the ranks' mean, in budgets), loss in steps holding an over-budget batch,
-against the policy before the quorum (82.3; over-budget samples matched only
-when every rank held one, otherwise emitted when the need forced it): 67.9 with
-k = ceil(L / 2); 91.2 with a quarter of the ranks; 74.0 without the cheaper
-samples riding along; 104.8 with one slot per sample the median rank holds,
-each rank's costliest first (the costliest of eight samples sets the step).
-k = L (every rank) gave 57.8 on the grid's short epochs, but with 8192 samples
-per rank it carried up to 41 samples per rank (k = ceil(L / 2): 11) and took 51
-steps more than k = ceil(L / 2) (sharegpt4o, N = 16, W = 64, padded): when
-every rank must hold one the ranks' holdings drift apart like random walks,
-while with half of them the holders spend faster than they receive.  On that
-long epoch the quorum lifts straggler efficiency from 0.852 to 0.890 for one
-step more of 1952 (dealt shards, `deal.py`: 0.866 to 0.910, 6 steps more of
-1902); at N = 2 (k = 1: a sample goes out with the other rank's fullest group)
-it lowers it from 0.969 to 0.965.
-
-The shared cost profile.  Every rank's summary carries the histogram ``h_r`` of
-its closed groups' fills (`fill_bucket`: widths of 0.025 of the budget from 0.5
-to 1, coarser above the budget for lone over-budget samples).  From the gathered
-summaries, identical on every rank, each rank computes the same *profile*
-(`profile`): the over-budget slots, then for every bucket within budget,
-costliest first, ``min over ranks with data of h_r[b]`` slots (counted after
-each rank's lent groups), cut to the need.  Every rank can fill each slot with
-a group of exactly that bucket, so the k-th batches of all ranks cost within
-0.025 of the budget of each other.  The target is then
-
-    T = len(profile)     if no rank with data is exhausted and 2 len(profile) >= need
-    T = need             otherwise
-
-(where, while data flows in a window of 256 or more, the reservoir below first
-halves the need's ordinary slots), i.e. while data flows a round emits only the
-slots every rank can match, and a group of a bucket that some rank lacks
-(typically a long sample whose padded batch is half empty) is carried until
-every rank with data holds one of that bucket.  When the profile covers less
-than half the need, limiting T to it would carry so much that the window's
-intake starves (measured, 2026-11: release lengths, N = 8, W = 64, a 16384
-padded budget took 71 steps instead of 63), so T stays the need and the slots
-the profile leaves open take each rank's remaining closed group nearest to a
-full budget, over-budget samples last.  At the epoch end (some rank with data
-exhausted) they take the costliest first instead, so a rank holding more cost
-spends it while the others still run.  Within a bucket the group with the
-fewest padding tokens goes first, so the padding-heavy ones are carried and
-re-packed with the next samples (for a padded cost that is what lowers the step
-count).  Without summaries (``summaries=None``) the `real` fullest closed
-groups are taken.  Every rank emits its groups in decreasing fill, so slot k
-holds the k-th costliest group on every rank.
-
-The reservoir.  While data flows, with a window of at least 256 samples
-(``window`` as passed to `propose`) and a need of at least 4, the need's
-ordinary slots (those after the over-budget slots) are halved (rounded up)
-before the profile is taken: each rank emits only its better half of groups
-(the profile's matched slots, fewest padding tokens first) and carries the
-rest, which meet the next intake and re-pack with more similar lengths.
-Measured on the default grid (``paper_repro.bench``, 2026-11, against the same
-policy without it): ODB steps down at 56 of 135 points and up at none, steps
-<= 1.10 x GMT missed at 8/90 instead of 9 (worst 1.257 instead of 1.286),
-<= 1.05 x GMT at 5/45 instead of 6, straggler efficiency >= 0.97 missed at
-64/135 instead of 67, packed budget use >= 0.95 missed at 22/45 instead of 23;
-no worst point regressed.  Windows under 256 keep the full need.  On the
-default grid halving at W = 64 too would look better (17 steps fewer over its
-45 W = 64 points, straggler misses 63 instead of 64), but that comes from the
-grid's short epochs (1024 samples per rank), where the epoch end weighs most:
-with 8192 samples per rank it took 7 to 13 more steps at 3 of 5 W = 64 points
-(9 fewer at one) and lowered straggler efficiency by up to 0.007.
-
-The mismatch within a round (measured, not adopted).  Fills fall within a round
-(from about 1.0 to about 0.55 at W = 64) and the k-th batches of different
-ranks differ most in the low tail, where the ranks with the fewest groups emit
-their lone long samples while the others carry theirs.  Two rules that make the
-others follow did worse on the default grid: every slot filled to the lowest
-rank's k-th group (cumulative minima of ``h_r``): straggler misses 70 instead
-of 64, steps up at 48 points; the open slots filled no costlier than the
-poorest ranks' groups: misses 63, but the worst point 0.859 instead of 0.871
-and 9/90 points over 1.10 x GMT.
-
-Known limits (measured in ``paper_repro/results/quality_sim_*.md``):
-over-budget samples of a level without a quorum gather at the epoch end, where
-ranks hold different numbers of them; with dealt shards this lengthens the
-drain (the 36 over-budget points: loss in over-budget steps 80.5 -> 67.7, in
-steps where some rank has no batch 128.7 -> 139.1; 9114 steps instead of
-9104).  No policy can beat the shard ceiling (mean over max of the ranks' total
-cost), which DistributedSampler shards of skewed lengths set below 0.97.
-
-The proposal reads only the gathered summaries, so it is the same on every
-rank; the table clamps it to ``[1, hi]``.  `partition` works for any ``real``
-(``1 <= real <= len(window)``), also when the clamp or a filler-padded PAD tail
-asks for more groups than the window has: it then splits the largest groups
-(never below one sample each).
+Why: a DDP step lasts as long as its slowest rank, so the k-th batches of all ranks should cost the
+same; the released package aligned to the largest group count and peeled singletons instead.  The
+measurements behind each rule, and the rules tried and not adopted:
+``docs/decisions/2026-11-29-alignment-policy.md``.
 """
 from __future__ import annotations
 

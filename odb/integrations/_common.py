@@ -33,7 +33,8 @@ import torch
 from ..errors import ConfigError
 
 __all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
-           "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss"]
+           "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss",
+           "make_loader", "option"]
 
 # loss_basis -> (local field, global field) of odb.StepInfo
 BASIS_FIELDS = {
@@ -41,6 +42,27 @@ BASIS_FIELDS = {
     "label_tokens": ("local_label_tokens", "global_label_tokens"),
     "samples": ("local_samples", "global_samples"),
 }
+
+
+def option(options: Any, name: str, default: Any = None) -> Any:
+    """A setting of an adapter's ``odb_loader_kwargs``: a dict of `odb.ODBDataLoader` keywords or a
+    `odb.runtime.settings.LoaderSettings`."""
+    if isinstance(options, dict):
+        return options.get(name, default)
+    return getattr(options, name, default)
+
+
+def make_loader(dataset, options: Any, **defaults):
+    """An `odb.ODBDataLoader` from an adapter's ``odb_loader_kwargs`` (a dict of keywords, to which the
+    adapter's `defaults` apply where the dict leaves them out, or a `LoaderSettings`, used as it is;
+    ``collate_fn`` is not a setting and comes from `defaults` either way unless the dict sets it)."""
+    from ..runtime import ODBDataLoader
+
+    collate = defaults.pop("collate_fn", None)
+    if isinstance(options, dict):
+        kw = {**defaults, **options}
+        return ODBDataLoader(dataset, collate_fn=kw.pop("collate_fn", collate), **kw)
+    return ODBDataLoader(dataset, collate_fn=collate, settings=options)
 
 
 def loader_setting(loader: Any, name: str) -> Any:

@@ -67,7 +67,8 @@ from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..errors import ConfigError
-from ._common import TrainProgress, TrainStream, hf_schedule, loader_setting, sample_scheduler, window_weights
+from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, sample_scheduler,
+                      window_weights)
 
 __all__ = ["ODBTrainerMixin", "ODBTrainer", "ODBSeq2SeqTrainer", "STATE_FILE"]
 
@@ -129,8 +130,8 @@ class _ODBCallback(TrainerCallback):
 class ODBTrainerMixin:
     """Trainer mixin: the train loader is an `odb.ODBDataLoader` (module doc).
 
-    Extra keyword arguments: ``odb_loader_kwargs`` (passed to
-    `odb.ODBDataLoader`; ``collate_fn`` defaults to ``data_collator``,
+    Extra keyword arguments: ``odb_loader_kwargs`` (a dict passed to
+    `odb.ODBDataLoader`, or an `odb.runtime.settings.LoaderSettings`; ``collate_fn`` defaults to ``data_collator``,
     ``seed`` to ``args.seed``, ``num_workers`` to ``args.dataloader_num_workers``)
     and ``max_samples`` (the sample budget; default
     ``num_train_epochs * len(train_dataset)``).  After training,
@@ -141,10 +142,11 @@ class ODBTrainerMixin:
     # The loss returned by compute_loss is normalized over the whole window (public Trainer switch).
     loss_is_scaled_for_ga = True
 
-    def __init__(self, *args, odb_loader_kwargs: dict | None = None, max_samples: int | None = None, **kwargs):
+    def __init__(self, *args, odb_loader_kwargs=None, max_samples: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.odb_loader_kwargs = dict(odb_loader_kwargs or {})
-        if self.odb_loader_kwargs.get("mode", "pad") == "join":
+        self.odb_loader_kwargs = dict(odb_loader_kwargs or {}) if not hasattr(odb_loader_kwargs, "buffer_size") \
+            else odb_loader_kwargs  # a dict of ODBDataLoader keywords or an odb.runtime.settings.LoaderSettings
+        if option(self.odb_loader_kwargs, "mode", "pad") == "join":
             raise ConfigError(
                 "ODBTrainer with mode='join': the HF Trainer has no public hook to run its loop inside DDP "
                 "Join, so a rank that runs out of batches first would leave its peers blocked in the "
@@ -176,17 +178,12 @@ class ODBTrainerMixin:
 
     def get_train_dataloader(self):
         """The train stream over an `odb.ODBDataLoader` (module doc); restores it when resuming."""
-        from .. import ODBDataLoader
-
         if self.train_dataset is None:
             raise ConfigError("ODBTrainer: training requires a train_dataset")
-        kw = dict(self.odb_loader_kwargs)
-        kw.setdefault("collate_fn", self.data_collator)
-        kw.setdefault("seed", self.args.seed)
-        kw.setdefault("num_workers", self.args.dataloader_num_workers)
         if self.odb_loader is not None:
             self.odb_loader.close()
-        self.odb_loader = ODBDataLoader(self.train_dataset, **kw)
+        self.odb_loader = make_loader(self.train_dataset, self.odb_loader_kwargs, collate_fn=self.data_collator,
+                                      seed=self.args.seed, num_workers=self.args.dataloader_num_workers)
         self.odb_stream = TrainStream(self.odb_loader, 1, max_samples=self.odb_max_samples)
         if self._odb_resume_dir is not None:
             path = os.path.join(self._odb_resume_dir, STATE_FILE.format(rank=self.odb_loader.rank))

@@ -47,7 +47,8 @@ from typing import Any, Callable
 import lightning.pytorch as pl
 
 from ..errors import ConfigError, SampleError
-from ._common import MicroStep, TrainProgress, TrainStream, gather_rank_states, own_rank_state, sample_scheduler
+from ._common import (MicroStep, TrainProgress, TrainStream, gather_rank_states, make_loader, option, own_rank_state,
+                      sample_scheduler)
 
 __all__ = ["ODBDataModule", "pop_loss_weight", "STEP_KEY"]
 
@@ -105,17 +106,19 @@ class ODBDataModule(pl.LightningDataModule):
     """A LightningDataModule whose train loader is an `odb.ODBDataLoader` (module doc).
 
     :param train_dataset: map-style or iterable dataset of processed samples.
-    :param odb_loader_kwargs: passed to `odb.ODBDataLoader` (``token_budget`` required).
+    :param odb_loader_kwargs: passed to `odb.ODBDataLoader` (``token_budget`` required), or an
+        `odb.runtime.settings.LoaderSettings`.
     :param max_samples: sample budget (global samples); None: only ``max_epochs`` ends the run.
     :param val_dataloader / test_dataloader: optional callables returning ordinary loaders (untouched).
     """
 
-    def __init__(self, train_dataset, *, odb_loader_kwargs: dict, max_samples: int | None = None,
+    def __init__(self, train_dataset, *, odb_loader_kwargs, max_samples: int | None = None,
                  val_dataloader: Callable | None = None, test_dataloader: Callable | None = None):
         super().__init__()
         self.train_dataset = train_dataset
-        self.odb_loader_kwargs = dict(odb_loader_kwargs)
-        if self.odb_loader_kwargs.get("mode", "pad") == "join":
+        self.odb_loader_kwargs = odb_loader_kwargs if hasattr(odb_loader_kwargs, "buffer_size") \
+            else dict(odb_loader_kwargs)
+        if option(self.odb_loader_kwargs, "mode", "pad") == "join":
             raise ConfigError(
                 "ODBDataModule with mode='join': Lightning 2.x strategies have no uneven-input (DDP Join) "
                 "mechanism, so a rank that runs out of batches first would leave its peers blocked in the "
@@ -130,11 +133,9 @@ class ODBDataModule(pl.LightningDataModule):
             self.test_dataloader = test_dataloader
 
     def train_dataloader(self):
-        from .. import ODBDataLoader
-
         if self.stream is None:
             k = int(self.trainer.accumulate_grad_batches) if self.trainer is not None else 1
-            loader = ODBDataLoader(self.train_dataset, **self.odb_loader_kwargs)
+            loader = make_loader(self.train_dataset, self.odb_loader_kwargs)
             self.stream = TrainStream(loader, k, max_samples=self.max_samples, consume_on_yield=False,
                                       progress=self.progress)
         return _Epochs(self)

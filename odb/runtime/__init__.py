@@ -4,7 +4,7 @@ This is the only package of ``odb`` that imports ``torch.distributed``.
 """
 
 from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
-from .info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
+from ..core.info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
 from .loader import ODBDataLoader
 
 __all__ = ["ODBDataLoader", "StepInfo", "LoaderStats", "pop_step_info", "pad_collate", "STEP_INFO_KEY"]

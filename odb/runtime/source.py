@@ -12,7 +12,7 @@ Preprocessing (the dataset's ``__getitem__`` / ``__iter__``) and measurement
 ``torch.utils.data.DataLoader`` with ``batch_size=None``, so any worker count,
 start method and ``persistent_workers`` work.  Each item comes back as
 ``(position, index, sample, measure)``; an exception in a worker comes back as
-a `_Failure` value naming the index (the engine raises it on this rank), so a
+a `odb.core.rank.Failure` value naming the index (the engine raises it on this rank), so a
 worker error is never a bare traceback without the index.
 """
 
@@ -28,9 +28,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from ..batching.deal import DealtOrder
+from ..core.rank import Failure, Interrupted
 from ..errors import SampleError
 
-__all__ = ["Source", "Item", "Interrupted", "default_length", "count_labels", "shard_order", "POLL_S"]
+__all__ = ["Source", "default_length", "count_labels", "shard_order", "POLL_S"]
 
 # With workers the inner DataLoader is asked for each item with this timeout and asked again
 # until the item comes: between asks the engine sees that a worker died (DataLoader checks its
@@ -39,18 +40,10 @@ __all__ = ["Source", "Item", "Interrupted", "default_length", "count_labels", "s
 POLL_S = 0.1
 
 
-class Interrupted(Exception):
-    """`Source.next` gave up waiting because the rank must stop (its ``stopping()`` turned true)."""
-
-
-class _Failure:
-    """An exception raised while preprocessing or measuring one sample (picklable)."""
-
-    def __init__(self, stage: str, exc: BaseException):
-        self.stage = stage
-        self.type = type(exc).__name__
-        self.message = str(exc)
-        self.tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+def _failure(stage: str, exc: BaseException) -> Failure:
+    """The exception of preprocessing or measuring one sample, as a picklable value."""
+    return Failure(stage, type(exc).__name__, str(exc),
+                   "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)))
 
 
 def default_length(sample: Any) -> int:
@@ -136,13 +129,13 @@ def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable |
     try:
         sample = get()
     except Exception as e:  # reported on this rank with the index, see module doc
-        return pos, index, None, _Failure("preprocessing", e)
+        return pos, index, None, _failure("preprocessing", e)
     if sample is None:
         return pos, index, None, None
     try:
         return pos, index, sample, _measure(sample, length_fn, shift)
     except Exception as e:
-        return pos, index, sample, _Failure("length", e)
+        return pos, index, sample, _failure("length", e)
 
 
 class _MapFetch(Dataset):
@@ -175,7 +168,7 @@ class _IterFetch(IterableDataset):
             except StopIteration:
                 return
             except Exception as e:
-                yield pos, pos, None, _Failure("preprocessing", e)
+                yield pos, pos, None, _failure("preprocessing", e)
                 return
             yield _process(pos, pos, lambda: sample, self.length_fn, self.shift)
             k += 1
@@ -228,15 +221,6 @@ def shard_order(num_samples: int, rank: int, world_size: int, shuffle: bool, see
     return perm[rank::world_size]
 
 
-class Item:
-    """One usable sample in the engine: where it came from, the sample, its sizes."""
-
-    __slots__ = ("pos", "index", "sample", "sizes", "labels")
-
-    def __init__(self, pos, index, sample, sizes, labels):
-        self.pos, self.index, self.sample, self.sizes, self.labels = pos, index, sample, sizes, labels
-
-
 class Source:
     """This rank's stream of ``(position, index, sample, measure)`` items for one epoch.
 
@@ -270,6 +254,7 @@ class Source:
             kw["sampler"] = self._keys
         self._worker_timeout_s = worker_timeout_s if num_workers > 0 else 0.0
         self._loader = DataLoader(wrapped, **kw)
+        self.stopping: Callable[[], bool] = lambda: False  # the engine's: this rank must stop
         self._it: Iterator | None = None
         self._pulled = 0
 
@@ -285,13 +270,15 @@ class Source:
         self._pulled = 0
         self._it = iter(self._loader)
 
-    def next(self, stopping: Callable[[], bool] = lambda: False):
+    def next(self):
         """The next raw item, or None at the end of the epoch.
 
         With workers the wait is asked in steps of `POLL_S`: a dead worker raises the
-        DataLoader's RuntimeError within one step, ``stopping()`` turning true raises
-        `Interrupted`, and a wait longer than the worker timeout raises SampleError (a hung worker).
+        DataLoader's RuntimeError within one step, `stopping` (set by the engine) turning true
+        raises `Interrupted`, and a wait longer than the worker timeout raises SampleError (a
+        hung worker).
         """
+        stopping = self.stopping
         while self._it is not None:
             t0 = time.monotonic()
             while True:

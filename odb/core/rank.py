@@ -1,0 +1,428 @@
+"""`RankCore`: one rank's protocol state around the table, for one pass; pure (no torch, no threads).
+
+Legend
+    raw item   what the data source returns: ``(position, index, sample, measure)``, ``measure``
+               being ``(sizes, label tokens)``, None (a drop: preprocessing returned None) or a
+               `Failure` (the exception of preprocessing or measurement, with the index)
+    usable     a raw item with sizes, a non-zero length and, unless ``oversize="alone"``, within
+               the budget; only usable items reach the table (``take_sample``)
+    status     the table's input ``in.quit``: OK, CLOSED (the consumer stopped), FAILED (a local
+               error); the first non-OK value stays
+    `Out`      what one step leaves for the driver: the fired row, a header to post, batches to
+               release (with their `StepInfo`), the end of this rank's batches (JOIN), errors
+
+A driver (the runtime's engine thread, `odb.core.sim`) repeats: in WAIT, gather every rank's
+posted header and call `collect(rows)`; otherwise call `step(status)`.  The core fires exactly one
+table row per call (`odb.protocol.machine.step`) and never calls back into its driver: the data
+source is an object it reads (``next``, ``pulled``, ``dry``, ``remaining``), the status a function
+it reads, and every effect is in the returned `Out`.  The round's replicated decision is
+`odb.core.replica.Replicated.decide`; the header layout `odb.core.header`.
+
+Exact loss scaling: the batches of round r are held until the collective of round r + 1 (or the
+final stop) returns every rank's counts for them, then released with their global counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+from ..batching.base import call_partition, check_partition
+from ..batching.deal import policy_intake, sample_cost
+from ..errors import ProtocolError, RankFailure, SampleError
+from ..protocol import machine
+from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
+from .header import Header, HeaderLayout
+from .info import LoaderStats, StepInfo
+from .replica import Replicated
+
+__all__ = ["RankCore", "Out", "Batch", "Item", "Failure", "Interrupted", "OK", "CLOSED", "FAILED", "NO_LABELS_AFTER"]
+
+OK, CLOSED, FAILED = 0, 1, 2
+_STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
+           FAILED: "failed with a local error (its own exception says which)"}
+# loss_basis="label_tokens": when this many real samples (every rank's, from the gathered counts)
+# have been released in an epoch and not one label token among them, the data carries no labels
+# and every loss_scale would be 0: every rank raises (`RankCore._release`).
+NO_LABELS_AFTER = 64
+
+
+class Interrupted(Exception):
+    """Raised by a data source's ``next`` that gave up waiting because the rank must stop."""
+
+
+class Failure(NamedTuple):
+    """An exception raised while preprocessing (``stage="preprocessing"``) or measuring one sample."""
+
+    stage: str
+    type: str
+    message: str
+    tb: str
+
+
+class Item(NamedTuple):
+    """One usable sample in the window."""
+
+    pos: int
+    index: Any
+    sample: Any
+    sizes: tuple
+    labels: int
+
+
+class Batch:
+    """One batch on its way to the consumer: samples and, once released, their `StepInfo`."""
+
+    __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info")
+
+    def __init__(self, samples, positions, indices, sizes, counts, info=None):
+        self.samples, self.positions, self.indices = samples, positions, indices
+        self.sizes, self.counts, self.info = sizes, counts, info
+
+    @property
+    def filler(self) -> bool:
+        return self.indices is None
+
+
+class Out(NamedTuple):
+    """What one `RankCore` call leaves for its driver (module docstring)."""
+
+    step: machine.Step | None = None     # the fired row (None: no row fired, take the step again)
+    trace: dict | None = None            # the row's extra trace fields
+    post: list[int] | None = None        # SYNC: a header to post to the round's collective
+    release: tuple = ()                  # batches with their StepInfo, in step order
+    end: bool = False                    # JOIN: this rank emits no more batches (keep driving the core)
+    local_error: BaseException | None = None       # this rank only: hand it over now; the status is FAILED
+    replicated_error: BaseException | None = None  # every rank alike: hand it over behind `release`
+    abort_error: BaseException | None = None       # the epoch ended by another rank's abort
+
+
+class RankCore:
+    """One rank's side of the protocol for one pass (module docstring).
+
+    :param source: ``next() -> raw item | None`` (None: exhausted; may raise `Interrupted` or any
+        error, which becomes this rank's local error), ``pulled`` (raw items returned this pass),
+        ``dry`` (dealt sharding: its keys ran dry), ``remaining() -> list | None`` (indices not
+        read yet, for QUOTA's count).
+    :param template: returns a sample to build PAD fillers from when the rank has seen none within
+        the budget (may raise).
+    :param oversize: "alone" | "skip" | "error".
+    :param loss_slot: the `odb.core.info.LOSS_BASES` slot ``loss_scale`` divides by.
+    """
+
+    def __init__(self, *, rank: int, world_size: int, mode: int, policy, cost, replica: Replicated,
+                 layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
+                 template: Callable[[], Any]):
+        self.rank, self.world_size, self.mode = rank, world_size, mode
+        self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
+        self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
+        self.W = layout.window
+        self.cfg = replica.cfg
+        self.deal = replica.order
+        self.epoch = replica.epoch
+        self.local = machine.initial_local(DGAP, self.cfg)
+        self.status = OK
+        self._status_fn: Callable[[], int] = lambda: OK
+        self._template_fn = template
+        self._sample_cost = sample_cost(cost)
+        self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items taken
+        self._window: list[Item] = []
+        self._groups: list[int] = []
+        self._held: list[Batch] = []     # this round's batches, released after the next collective
+        self._counts = [0] * (3 * self.W)
+        self._fetched: Item | None = None
+        self._prepared: tuple[list[int], list[int]] | None = None
+        self._rows: list[Header] = []    # the last collective's headers
+        self._decision = None
+        self._errors: list[BaseException] = []
+        self._posted = 0                 # header collectives entered
+        self._steps = 0                  # batches released (StepInfo.step)
+        self._template: Any = None       # the cheapest sample within budget seen (fillers replay it)
+        self._template_cost = 0
+        self._labels_seen = self._samples_seen = 0  # gathered, this pass
+        self._ended = False
+
+    # -- the driver's calls -------------------------------------------------------
+    @property
+    def waiting(self) -> bool:
+        """In WAIT: the driver must gather every rank's header and call `collect`."""
+        return self.local["ph"] == WAIT
+
+    @property
+    def done(self) -> bool:
+        return self.local["ph"] == DONE
+
+    @property
+    def ended(self) -> bool:
+        """JOIN: this rank has handed out its last batch (`Out.end` was returned)."""
+        return self._ended
+
+    @property
+    def decision(self):
+        """The last collective's `odb.core.replica.Decision` (None before the first)."""
+        return self._decision
+
+    @property
+    def posted(self) -> int:
+        """Header collectives this rank has entered."""
+        return self._posted
+
+    def step(self, status: Callable[[], int]) -> Out:
+        """Fire one FILL or EMIT row; `status()` is the driver's stop status (read when a row asks)."""
+        if self.waiting or self.done:
+            raise ProtocolError(f"RankCore.step in phase {self.local['ph']}; use collect() in WAIT")
+        self._status_fn = status
+        self._fetched = None
+        try:
+            s = machine.step(DGAP, self.local, self._input, self.cfg, self._choose, self._selected)
+        except _Restart:  # no row fired (a fetch was interrupted or failed); take the step again
+            return Out(local_error=self._take_error())
+        return self._effects(s)
+
+    def collect(self, rows: Sequence[Sequence[int]]) -> Out:
+        """Fire the WAIT row on the round's gathered headers (every rank's, in rank order).
+
+        Raises what `Replicated.decide` raises (every rank alike: a collective mismatch, a
+        divergence, another epoch)."""
+        if not self.waiting:
+            raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
+        self._rows = [self.layout.decode(r) for r in rows]
+        self._decision = self.replica.decide(self._rows)
+        s = machine.step(DGAP, self.local, self._decision.inputs, self.cfg, self._choose, self._selected)
+        return self._effects(s)
+
+    # -- inputs and choices (read by machine.step) -------------------------------
+    def _quit(self) -> int:
+        if self.status == OK:
+            self.status = int(self._status_fn()) if not self._errors else FAILED
+        return self.status
+
+    def _input(self, name: str):
+        if name == "quit":
+            return self._quit()
+        if name == "src_has":
+            try:
+                self._fetched = self._fetch()
+            except Interrupted:
+                raise _Restart() from None
+            except Exception as e:  # a worker error, a SampleError: local to this rank
+                self._fail(e)
+                raise _Restart() from None
+            return self._fetched is not None
+        raise ProtocolError(f"the table asked for input {name!r} outside a collect step")
+
+    def _selected(self, row) -> None:
+        """Prepare a ``post`` row's header before its payload reads ``in.quit``: a failure here is
+        posted as ``st = FAILED`` in this very header (every rank leaves in this round)."""
+        if row.effect.kind != "post":
+            return
+        sizes = [it.sizes for it in self._window]
+        S, lad = self.layout.summary_len, self.layout.ladder_len
+        try:
+            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self.local["x"]))]
+            if len(summary) != S:
+                raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {S}")
+            intake = [0] * lad if self.deal is None else [int(v) for v in policy_intake(self.policy, sizes, self.cost,
+                                                                                            self.W)]
+            self._prepared = (summary, intake)
+        except Exception as e:
+            self._fail(ProtocolError(
+                f"rank {self.rank}: the alignment policy {type(self.policy).__name__} failed to summarize its "
+                f"window of {len(sizes)} samples in round {self._posted}: {type(e).__name__}: {e}"))
+            self._prepared = ([0] * S, [0] * lad)
+
+    def _choose(self, row, choice, lo: int, hi: int, params: dict) -> int:
+        if self._quit() != OK:
+            return lo  # stopping: the batches are dropped; any value the table allows will do
+        if choice.name == "use":
+            if lo == 0:
+                self._groups = []
+                return 0
+            target, sizes = self._decision.target, [it.sizes for it in self._window]
+            try:
+                groups = call_partition(self.policy, sizes, target, lo, self.cost, [list(h.summary) for h in self._rows])
+                check_partition(groups, len(sizes), lo, sizes, self.cost)
+            except Exception as e:  # a policy bug is local to this rank: stop through the table
+                self._fail(ProtocolError(
+                    f"alignment policy {type(self.policy).__name__} broke the partition contract in round "
+                    f"{self._posted - 1} on rank {self.rank} (target {target}, real {lo}, window "
+                    f"{len(sizes)}): {type(e).__name__}: {e}"))
+                return lo
+            used = [p for g in groups for p in g]
+            rest = sorted(set(range(len(sizes))) - set(used))
+            self._window = [self._window[p] for p in used] + [self._window[p] for p in rest]
+            self._groups = [len(g) for g in groups]
+            return len(used)
+        if choice.name == "take":
+            return self._groups.pop(0)
+        raise ProtocolError(f"row {row.name} asks for unknown choice {choice.name!r}")
+
+    def _fetch(self) -> Item | None:
+        """The next usable sample, or None at the end; drops, empty and skipped oversize samples are
+        counted and passed over, so the table only sees usable ones."""
+        while True:
+            raw = self.source.next()
+            if raw is None:
+                return None
+            pos, index, sample, meas = raw
+            if isinstance(meas, Failure):
+                what = "preprocessing (the dataset's __getitem__/__iter__)" if meas.stage == "preprocessing" \
+                    else "measuring its length (length_fn / input_ids)"
+                raise SampleError(f"rank {self.rank}: dataset index {index} failed in {what}: {meas.type}: "
+                                  f"{meas.message}\n--- worker traceback ---\n{meas.tb}")
+            if meas is None:
+                self.stats.dropped += 1
+                continue
+            sizes, labels = meas
+            if sizes[0] == 0:
+                self.stats.empty += 1
+                continue
+            fits = self.cost.fits([sizes])
+            if not fits:
+                self.stats.oversize += 1
+                if self.oversize == "error":
+                    raise SampleError(
+                        f"rank {self.rank}: dataset index {index} has sizes {sizes}, over the budget of cost "
+                        f"model {getattr(self.cost, 'name', self.cost)!r}; oversize='error' stops here. Use "
+                        "oversize='alone' (a batch of its own) or 'skip' (counted), or raise token_budget")
+                if self.oversize == "skip":
+                    self.stats.oversize_skipped += 1
+                    continue
+            c = self._sample_cost(sizes)
+            if self.deal is not None:
+                self._cost_taken += c
+            if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
+                if self._template is None or c < self._template_cost:
+                    self._template, self._template_cost = sample, c
+            return Item(pos, index, sample, sizes, labels)
+
+    # -- effects ----------------------------------------------------------------------
+    def _effects(self, s: machine.Step) -> Out:
+        post, release, end, rep_err, abort_err, trace = None, (), False, None, None, {}
+        if s.effect == "fetch" and s.inputs.get("src_has"):
+            self._window.append(self._fetched)
+        elif s.effect == "post":
+            post, trace = self._post(s)
+        elif s.effect == "collect":
+            release, rep_err, trace = self._after_collect(s)
+        elif s.effect == "emit":
+            taken, self._window = self._window[:s.count], self._window[s.count:]
+            self._hold(taken)
+        elif s.effect == "filler":
+            self._hold(None)
+        if len(self._window) != s.after["buf"]:
+            raise ProtocolError(f"rank core window holds {len(self._window)} samples, the table says "
+                                f"buf={s.after['buf']} after {s.row}")
+        self.local = s.after
+        if s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["x"] and not self._ended:
+            end = self._ended = True  # nothing held, the source exhausted: no more batches (JOIN keeps posting)
+        if self.done and self.local["ab"] and self.status == OK:
+            abort_err = self._abort_error(self.local["rd"] - 1)
+        return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err)
+
+    def _hold(self, taken: list[Item] | None) -> None:
+        k = len(self._held)
+        if taken is None:
+            if self._template is None and self._quit() == OK:
+                try:
+                    self._template = self._template_fn()
+                except Exception as e:  # no sample to build a filler from: stop through the table
+                    self._fail(e)
+            b = Batch([self._template], (), None, (), (0, 0, 0))
+        else:
+            sizes = tuple(it.sizes[0] for it in taken)
+            b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
+                      sizes, (sum(sizes), sum(it.labels for it in taken), len(taken)))
+        self._held.append(b)
+        self._counts[3 * k:3 * k + 3] = b.counts
+
+    def _post(self, s: machine.Step) -> tuple[list[int], dict]:
+        if s.payload["shape"] != self.layout.length:
+            raise ProtocolError(f"table header shape {s.payload['shape']} != the layout's {self.layout.length}")
+        summary, intake = self._prepared
+        self._prepared = None
+        digest = self.replica.digest()
+        header = self.layout.encode(
+            st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
+            summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
+            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake, counts=self._counts)
+        self._counts = [0] * (3 * self.W)
+        self._posted += 1
+        return header, {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
+
+    def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict]:
+        rows, rnd = self._rows, self._posted - 1
+        self.stats.rounds += 1
+        release, rep_err = (), None
+        if s.row == "return_abort":
+            self._held = []  # the epoch ends here on every rank: the last round's batches are not released
+        else:
+            release, rep_err = self._release(rows, final=s.after["ph"] == DONE)
+        if s.row == "return_stop" and self.mode == QUOTA:
+            self._count_unemitted()
+        return release, rep_err, {"round": rnd, "collective": {
+            "headers": [{"st": h.st, "n": h.n, "shape": self.layout.length} for h in rows],
+            "summaries": [list(h.summary) for h in rows], "rounds": [h.round for h in rows],
+            "replicated": [[h.epoch, h.deal, h.target, h.proposal] for h in rows],
+            "inputs": dict(self._decision.inputs)}}
+
+    def _release(self, rows: list[Header], final: bool) -> tuple[tuple, BaseException | None]:
+        """The previous round's batches with their global counts.
+
+        ``loss_basis="label_tokens"``: a step with tokens but no label token on any rank gets
+        ``loss_scale = 0`` on every rank (counted in ``stats.zero_label_steps``); once
+        `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
+        token, or the pass ends so, every rank raises SampleError after the same step."""
+        held, self._held = self._held, []
+        for k, b in enumerate(held):
+            g = [sum(h.count(k, j) for h in rows) for j in range(3)]
+            loc, basis_g = b.counts, g[self.loss_slot]
+            scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
+            if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
+                self.stats.zero_label_steps += 1
+            self._labels_seen += g[1]
+            self._samples_seen += g[2]
+            b.info = StepInfo(indices=() if b.filler else b.indices, filler=b.filler, local_samples=loc[2],
+                              global_samples=g[2], local_tokens=loc[0], global_tokens=g[0],
+                              local_label_tokens=loc[1], global_label_tokens=g[1], loss_scale=scale,
+                              step=self._steps, round=self._posted - 2, epoch=self.epoch)
+            self._steps += 1
+        if self.loss_slot == 1 and self._labels_seen == 0 and self._samples_seen > 0 and (
+                self._samples_seen >= NO_LABELS_AFTER or final):
+            if self.status == OK:
+                self.status = FAILED  # every rank sees the same counts, so every rank stops here
+            return (), SampleError(
+                f"rank {self.rank}: {self._samples_seen} samples of epoch {self.epoch} (all ranks) hold tokens but "
+                "not one label token (labels all -100, or shift_labels=True on one-token labels): with "
+                "loss_basis='label_tokens' every loss_scale would be 0 and the model would never change. Give "
+                "the samples 'labels', or pass loss_basis='tokens'")
+        return tuple(held), None
+
+    def _count_unemitted(self) -> None:
+        left = [it.index for it in self._window]
+        rest = self.source.remaining()
+        if self.deal is not None and self.rank == 0:  # what no rank was dealt: counted once, on rank 0
+            rest = (rest or []) + self.deal.undealt()
+        self.stats.unemitted += len(left) + (len(rest) if rest else 0)
+        self.stats.unemitted_indices.extend(left + (rest or []))
+
+    def _abort_error(self, rnd: int) -> RankFailure:
+        bad = [(r, h.st) for r, h in enumerate(self._rows) if h.st != OK]
+        what = "; ".join(f"rank {r} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
+        return RankFailure(
+            f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still iterating; "
+            "every rank stopped in that round. Every rank must iterate the loader to the end of the epoch, or all "
+            "ranks must stop at the same step (e.g. the same max_steps).")
+
+    def _fail(self, e: BaseException) -> None:
+        """A local error: the status becomes FAILED (the table takes every rank to the abort round)."""
+        self._errors.append(e)
+        if self.status == OK:
+            self.status = FAILED
+
+    def _take_error(self) -> BaseException | None:
+        errs, self._errors = self._errors, []
+        return errs[0] if errs else None
+
+
+class _Restart(Exception):
+    """No row fired inside ``machine.step``: the step is taken again."""

@@ -1,0 +1,203 @@
+"""N `RankCore`s in one process on an in-process all-gather: what the benchmarks and the batching tests run.
+
+Legend
+    measure   one sample as the data source returns it: a sizes tuple (labels = its tokens), a
+              ``(sizes, labels)`` pair, or None (a drop: preprocessing returned None)
+    shard     rank r's measures in its source's order (fixed shards)
+    order     the epoch's global order of measures (dealt sharding: ``deal=``)
+
+Every rank is the runtime's own `odb.core.rank.RankCore` with the runtime's header
+(`odb.core.header.HeaderLayout`), its replicated decision (`odb.core.replica.Replicated`, the
+prefetch of each rank in ``aheads`` included in the intake bound) and, when dealing, its
+`odb.batching.deal.DealtOrder` read key by key as the runtime's source reads it with no DataLoader
+workers.  Only the environment is simulated: the data source (no preprocessing, no prefetch
+reads) and the collective (the posted headers, gathered in rank order).  `simulate` with the
+same order, settings and policy emits the batches `odb.ODBDataLoader` emits with ``num_workers=0``
+(``tests/test_differential.py`` checks it batch for batch).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..batching.base import AlignmentPolicy, CostModel, call_partition
+from ..batching.deal import DealtOrder, first_lead, intake_ladder
+from ..batching.policy import default_policy
+from ..protocol.table import MODES
+from .header import HeaderLayout
+from .info import LOSS_BASES, LoaderStats
+from .rank import RankCore
+from .replica import Replicated
+from .shared import Shared, describe_cost, describe_policy
+
+__all__ = ["SimResult", "simulate"]
+
+
+@dataclass
+class SimResult:
+    """``batches[rank][step]``: the list of positions (shard indices, or positions of the dealt order)
+    of one batch, or None for a filler.  In JOIN mode rows have different lengths.  ``unemitted[rank]``:
+    QUOTA's unemitted positions (dealt: the undealt ones on rank 0).  ``decision_s``: per rank and round,
+    the seconds spent in the policy.  ``reserve_taken[rank]``: dealt positions a rank took from its
+    reserve (a rank topped up to its bound takes none unless it drops samples).  ``stats``: each rank's
+    counters."""
+
+    batches: list[list[list[int] | None]]
+    rounds: int
+    unemitted: list[list[int]]
+    decision_s: list[float] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+    reserve_taken: list[int] = field(default_factory=list)
+    stats: list[LoaderStats] = field(default_factory=list)
+
+
+def _measure(m) -> tuple | None:
+    if m is None:
+        return None
+    if isinstance(m[0], tuple):
+        return m
+    return tuple(m), m[0]
+
+
+class _Timed:
+    """The policy, with the seconds spent in it added up (what the benchmark's decision time reads)."""
+
+    def __init__(self, inner: AlignmentPolicy):
+        self._inner, self.seconds = inner, 0.0
+        self.summary_len = inner.summary_len
+        groups = getattr(inner, "groups", None)
+        if groups is not None:
+            self.groups = groups
+
+    def _timed(self, fn, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def summarize(self, *a):
+        return self._timed(self._inner.summarize, *a)
+
+    def propose(self, *a):
+        return self._timed(self._inner.propose, *a)
+
+    def partition(self, window, target, real, cost, *, summaries=None):
+        return self._timed(call_partition, self._inner, window, target, real, cost, summaries)
+
+
+class _ListSource:
+    """A fixed shard, read in order."""
+
+    def __init__(self, measures: Sequence):
+        self.items = [(p, p, None, _measure(m)) for p, m in enumerate(measures)]
+        self.pulled, self.dry = 0, False
+
+    def next(self):
+        if self.pulled >= len(self.items):
+            return None
+        self.pulled += 1
+        return self.items[self.pulled - 1]
+
+    def remaining(self) -> list:
+        return [it[1] for it in self.items[self.pulled:]]
+
+
+class _DealtSource:
+    """The rank's dealt keys, read one at a time through its `DealtOrder` (as the runtime's sampler does)."""
+
+    def __init__(self, order: DealtOrder, measures: Sequence):
+        self.order, self.measures = order, measures
+        self.pulled, self.ended = 0, False
+
+    @property
+    def dry(self) -> bool:
+        return self.order.dry
+
+    def next(self):
+        if self.ended:
+            return None
+        key = self.order.key(self.pulled)
+        if key is None:
+            self.ended = True  # like a sampler iterator, once ended it stays ended for the pass
+            return None
+        self.pulled += 1
+        pos, index = key
+        return pos, index, None, _measure(self.measures[index])
+
+    def remaining(self) -> list:
+        return [index for _, index in self.order.keys[self.pulled:]]
+
+
+def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: str = "pad",
+             policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
+             deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
+             loss_basis: str = "label_tokens") -> SimResult:
+    """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
+
+    With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
+    reads the order through its replica of the dealer, and batches hold positions of ``deal``.
+    ``aheads`` is each rank's prefetch as the runtime gathers it (default 0: no DataLoader workers).
+    Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
+    and RuntimeError past `max_rounds` (a hang guard).
+    """
+    n = len(shards)
+    if deal is not None and any(len(s) for s in shards):
+        raise ValueError("with deal=..., pass N empty shards")
+    aheads = tuple(aheads) if aheads is not None else (0,) * n
+    pols = [_Timed(policy()) for _ in range(n)]
+    layout = HeaderLayout(pols[0].summary_len, window, len(intake_ladder(window)))
+    shared = Shared(protocol="sim", window=window, mode=mode, sharding="fixed" if deal is None else "dealt",
+                    header_len=layout.length, policy=describe_policy(pols[0]._inner), cost=describe_cost(cost),
+                    loss_basis=loss_basis, shift_labels=False, order="sim")
+    cores, orders = [], []
+    for r in range(n):
+        order = None
+        if deal is not None:
+            order = DealtOrder([(p, p) for p in range(len(deal))], n, r, first_lead(window, aheads))
+            order.first()
+            src = _DealtSource(order, deal)
+        else:
+            src = _ListSource(shards[r])
+        orders.append(order)
+        rep = Replicated(shared, world_size=n, aheads=aheads, policy=pols[r], order=order, epoch=0)
+        cores.append(RankCore(rank=r, world_size=n, mode=MODES[mode], policy=pols[r], cost=cost, replica=rep,
+                              layout=layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[loss_basis],
+                              stats=LoaderStats(), template=lambda: None))
+    out: list[list[list[int] | None]] = [[] for _ in range(n)]
+    res = SimResult(out, 0, [[] for _ in range(n)])
+    ok = lambda: 0  # noqa: E731 - a simulated rank never stops on its own
+    while True:
+        before = [p.seconds for p in pols]
+        posts: list = [None] * n
+        for r, c in enumerate(cores):  # the last round's EMIT rows, then this round's FILL rows, to the post
+            while not c.waiting and not c.done:
+                o = c.step(ok)
+                _take(o, r, out, res)
+                if o.post is not None:
+                    posts[r] = o.post
+        if all(c.done for c in cores):
+            break
+        res.rounds += 1
+        if res.rounds > max_rounds:
+            raise RuntimeError(f"simulation did not finish within {max_rounds} rounds")
+        for r, c in enumerate(cores):
+            _take(c.collect(posts), r, out, res)
+        res.targets.append(cores[0].decision.target)
+        res.decision_s.extend(p.seconds - b for p, b in zip(pols, before))
+    for r, c in enumerate(cores):
+        res.unemitted[r] = list(c.stats.unemitted_indices)
+        res.stats.append(c.stats)
+        res.reserve_taken.append(orders[r].reserve_taken if orders[r] is not None else 0)
+    return res
+
+
+def _take(o, r: int, out: list, res: SimResult) -> None:
+    err = o.local_error or o.replicated_error or o.abort_error
+    if err is not None:
+        raise err
+    for b in o.release:
+        out[r].append(None if b.filler else list(b.positions))
+
