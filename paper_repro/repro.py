@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from . import report
+from .spec import RunSpec
 
 __all__ = ["quick_specs", "full_specs", "run_spec", "main", "RESULTS"]
 
@@ -44,12 +45,7 @@ def _base(**kw) -> dict:
     # the same /16 scale, so a batch holds about as many samples as the paper's.  At that scale no sample
     # fits twice in the budget's worst case, so the memory-equivalent fixed batch is 1 = Standard batch 1
     # and is left out of the length workloads (LENGTH_METHODS).
-    spec = {"kind": "lengths", "num_train": 256, "num_val": 64, "cutoff": 1024, "seed": 0, "vocab": 2048,
-            "net": {"dim": 64, "layers": 2, "heads": 4}, "lora": False, "budget": 768, "lr": 2e-3,
-            "epochs": 3, "window": 256, "length_scale": 16.0, "methods": ALL_METHODS, "timeout_s": 120,
-            "accum_match": "odb_pad", "accum_methods": ["standard1", "standardB"]}
-    spec.update(kw)
-    return spec
+    return RunSpec.of({"methods": ALL_METHODS, **kw})  # the defaults (budget 768, cutoff 1024, ...) are RunSpec's
 
 
 def quick_specs() -> list[dict]:

@@ -60,7 +60,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import workloads
+from . import sources, workloads
+from .spec import RunSpec
 
 __all__ = ["main", "run_method", "accum_for", "METHODS"]
 
@@ -107,7 +108,7 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
     ds_train, ds_val = workloads.build_datasets(spec)
     val_batches = workloads.val_batches(ds_val, spec)
     # The source first: it may raise MethodUnavailable, which must happen before any collective.
-    source = workloads.batch_source(method, ds_train, spec, rank, world_size)
+    source = sources.batch_source(method, ds_train, spec, rank, world_size)
     net = workloads.build_net(spec)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec["lr"], weight_decay=0.0)
@@ -187,14 +188,14 @@ def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
         return 1
     ref = done.get(spec.get("accum_match", ""))
     if ref and "unavailable" in ref:
-        raise workloads.MethodUnavailable(f"{method}: its accumulation is matched to {spec['accum_match']!r}, "
+        raise sources.MethodUnavailable(f"{method}: its accumulation is matched to {spec['accum_match']!r}, "
                                           f"which is unavailable here ({ref['unavailable']})")
     if not ref:
         raise ValueError(f"{method}: accumulation is matched to {spec.get('accum_match')!r}, which has not run "
                          f"successfully before it in this job (methods in order: {spec['methods']}); "
                          "list the reference method first")
     per_step = ref["samples"] / max(1, ref["steps"])
-    return max(1, round(per_step / (world_size * workloads.fixed_batch_size(method, spec))))
+    return max(1, round(per_step / (world_size * sources.fixed_batch_size(method, spec))))
 
 
 def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="result JSON file (written by rank 0)")
     args = ap.parse_args(argv)
     with open(args.spec) as f:
-        spec = json.load(f)
+        spec = RunSpec.of(json.load(f))  # an unknown key fails here, on every rank, before any work
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.get("timeout_s", 120)))
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 rec = run_method(m, spec, rank, world_size, accum=accum_for(m, spec, results["methods"], world_size))
                 err = None
-            except workloads.MethodUnavailable as e:
+            except sources.MethodUnavailable as e:
                 rec, err = None, str(e)
             recs = [None] * world_size
             dist.all_gather_object(recs, (rec, err))  # SYNC: every rank must reach this

@@ -83,7 +83,7 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample(tmp_path):
 
 def test_accumulation_is_matched_to_the_reference_method_and_refuses_a_wrong_order():
     from paper_repro.train import accum_for
-    from paper_repro.workloads import MethodUnavailable
+    from paper_repro.sources import MethodUnavailable
 
     spec = {"methods": ["odb_pad", "standard1", "standardB"], "accum_match": "odb_pad",
             "accum_methods": ["standard1", "standardB"], "budget": 1024, "cutoff": 256, "kind": "text"}

@@ -80,7 +80,7 @@ class Pass:
         return self
 
     def __next__(self) -> MutableMapping:
-        loader, eng = self._loader, self._eng
+        loader = self._loader
         if loader.closed:
             self.open = False
             raise ConfigError(f"rank {loader.rank}: this ODBDataLoader was closed (close(), a with block or "

@@ -1,7 +1,11 @@
-"""Batch sources backed by other ODB packages: GMT/BMT (odb.baselines) and ODB (odb.runtime).
+"""Every per-method batch source of `paper_repro.train`, and the registry that names them.
 
-Kept apart from `workloads` so that a missing package turns into a reported
-`MethodUnavailable` for that method only.
+A source is built by `batch_source(method, ds, spec, rank, world_size)` and has ``epoch(e)``
+yielding ``(batch, meta)`` for this rank (meta: ``local_samples``, ``global_samples`` this step on
+all ranks, ``real_tokens``, ``padded_tokens``, ``filler`` and ``scale``, the loss multiplier),
+``join_context(ddp)``, ``setup_s`` (the one-off length-cache cost of GMT/BMT) and ``notes``.
+A method whose package is missing raises `MethodUnavailable` (reported, never silently skipped).
+Imports run one way: `paper_repro.train` -> this module -> `paper_repro.workloads`.
 """
 
 from __future__ import annotations
@@ -9,10 +13,56 @@ from __future__ import annotations
 import contextlib
 import time
 
-from .data import collate_pad, sample_len
-from .workloads import MethodUnavailable, _meta
+from torch.utils.data import DataLoader, DistributedSampler
 
-__all__ = ["OfflineBatches", "ODBBatches"]
+from .data import collate_pad, sample_len
+from .workloads import max_len_bound
+
+__all__ = ["MethodUnavailable", "SOURCES", "batch_source", "fixed_batch_size", "build_length_cache",
+           "FixedBatches", "OfflineBatches", "ODBBatches"]
+
+
+class MethodUnavailable(RuntimeError):
+    """A method's implementation is not importable here (reported, never silently skipped)."""
+
+
+def _meta(items_or_batch: dict, local: int, global_: int, scale: float = 1.0, filler: bool = False) -> dict:
+    m = items_or_batch["attention_mask"]
+    return {"local_samples": local, "global_samples": global_, "real_tokens": int(m.sum()) if not filler else 0,
+            "padded_tokens": int(m.numel()), "filler": filler, "scale": scale}
+
+
+class FixedBatches:
+    """Standard: fixed `batch_size` per rank, DistributedSampler (equal shards, no padding
+    when len(ds) is a multiple of world_size, which `paper_repro.repro` ensures)."""
+
+    def __init__(self, ds, batch_size: int, spec: dict, rank: int, world_size: int):
+        if len(ds) % world_size:
+            raise ValueError(f"num_train={len(ds)} is not a multiple of world_size={world_size}; "
+                             "DistributedSampler would duplicate samples")
+        self.ds, self.bs, self.world_size = ds, batch_size, world_size
+        self.sampler = DistributedSampler(ds, world_size, rank, shuffle=True, seed=spec["seed"])
+        self.setup_s, self.notes = 0.0, f"batch {batch_size} per rank"
+
+    def join_context(self, ddp):
+        return contextlib.nullcontext()
+
+    def epoch(self, e: int):
+        self.sampler.set_epoch(e)
+        dl = DataLoader(self.ds, batch_size=self.bs, sampler=self.sampler, collate_fn=collate_pad, num_workers=0)
+        for b in dl:
+            k = int(b["input_ids"].shape[0])
+            yield b, _meta(b, k, k * self.world_size)
+
+
+def fixed_batch_size(method: str, spec: dict) -> int:
+    """Per-rank micro-batch size of a fixed-batch method: 1 for Standard batch 1, budget // longest
+    possible sample for the memory-equivalent batch (never over the token budget)."""
+    if method in ("standard1", "standard1_noacc"):
+        return 1
+    if method == "standardB":
+        return max(1, spec["budget"] // max_len_bound(spec))
+    raise ValueError(f"{method!r} is not a fixed-batch method; valid: 'standard1', 'standard1_noacc', 'standardB'")
 
 
 def build_length_cache(ds) -> tuple[list[int], float]:
@@ -115,3 +165,24 @@ class ODBBatches:
             info = self.odb.pop_step_info(b)
             m = _meta(b, info.local_samples, info.global_samples, scale=info.loss_scale, filler=info.filler)
             yield b, m
+
+
+# method -> how to build its source (the one list of methods; an unknown name lists the valid ones)
+SOURCES = {
+    "standard1": lambda ds, spec, r, n: FixedBatches(ds, fixed_batch_size("standard1", spec), spec, r, n),
+    "standard1_noacc": lambda ds, spec, r, n: FixedBatches(ds, fixed_batch_size("standard1_noacc", spec), spec, r, n),
+    "standardB": lambda ds, spec, r, n: FixedBatches(ds, fixed_batch_size("standardB", spec), spec, r, n),
+    "gmt": lambda ds, spec, r, n: OfflineBatches("gmt", ds, spec, r, n),
+    "bmt": lambda ds, spec, r, n: OfflineBatches("bmt", ds, spec, r, n),
+    "odb_pad": lambda ds, spec, r, n: ODBBatches("pad", ds, spec, r, n),
+    "odb_join": lambda ds, spec, r, n: ODBBatches("join", ds, spec, r, n),
+}
+
+
+def batch_source(method: str, ds, spec: dict, rank: int, world_size: int):
+    """The per-rank batch source of `method`; raises MethodUnavailable if its code is missing."""
+    try:
+        make = SOURCES[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; valid: {sorted(SOURCES)}") from None
+    return make(ds, spec, rank, world_size)

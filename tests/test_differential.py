@@ -1,0 +1,73 @@
+"""The code that is simulated is the code that runs: `ODBDataLoader` and `odb.core.sim.simulate`, batch for batch.
+
+Both drive the same `odb.core.rank.RankCore` per rank; the loader through its engine thread, its data
+source and gloo, the simulation through an in-process gather.  Given the same order, settings and
+policy (and no DataLoader workers, which the simulation does not model), every rank's sequence of
+batches (dataset indices per step, fillers included) must be the same.  Slow tier for N > 1.
+"""
+
+import pytest
+
+from odb.batching import make_cost_model
+from odb.core.sim import simulate
+from odb.runtime.source import shard_order
+
+from mp_harness import Samples, id_collate, make_lengths, run_ranks
+
+BUDGET = 160
+LENGTHS = make_lengths(150, seed=31, lo=2, hi=60)
+for k in (7, 40, 41, 99):
+    LENGTHS[k] = 200 + k  # over the budget: emitted alone
+DROPS = {3, 17, 18, 88, 120}
+
+
+def _measure(i):
+    return None if i in DROPS else ((LENGTHS[i],), LENGTHS[i] - 1)  # Samples' labels: [-100] + ones
+
+
+def _loader_batches(rank, world_size, spec):
+    import odb
+
+    loader = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), BUDGET, id_collate, buffer_size=spec["W"],
+                               mode=spec["mode"], sharding=spec["sharding"], seed=5, timeout_s=30)
+    out = []
+    for batch in loader:
+        info = odb.pop_step_info(batch)
+        out.append(None if info.filler else list(info.indices))
+    loader.close()
+    return out
+
+
+def _simulated(world_size, spec):
+    cost = make_cost_model("padded", BUDGET)
+    if spec["sharding"] == "dealt":
+        order = shard_order(len(LENGTHS), 0, 1, True, 5, 0)
+        sim = simulate([[] for _ in range(world_size)], cost, window=spec["W"], mode=spec["mode"],
+                       deal=[_measure(i) for i in order])
+        return [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
+    orders = [shard_order(len(LENGTHS), r, world_size, True, 5, 0) for r in range(world_size)]
+    sim = simulate([[_measure(i) for i in o] for o in orders], cost, window=spec["W"], mode=spec["mode"])
+    return [[None if b is None else [orders[r][p] for p in b] for b in row] for r, row in enumerate(sim.batches)]
+
+
+CASES = [("fixed", "pad", 8), ("dealt", "pad", 8), ("dealt", "join", 6), ("fixed", "quota", 8), ("dealt", "pad", 3)]
+
+
+@pytest.mark.parametrize("sharding, mode, W", CASES)
+def test_the_loader_on_one_rank_emits_the_simulations_batches(sharding, mode, W):
+    spec = {"sharding": sharding, "mode": mode, "W": W}
+    assert [_loader_batches(0, 1, spec)] == _simulated(1, spec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("sharding, mode, W", CASES)
+def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_size, sharding, mode, W):
+    spec = {"sharding": sharding, "mode": mode, "W": W}
+    res = run_ranks(_loader_batches, world_size, tmp_path, args=(spec,), timeout_s=90)
+    assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
+    got, want = [r.value for r in res], _simulated(world_size, spec)
+    assert got == want
+    emitted = sorted(i for row in got for b in row if b for i in b)
+    if mode != "quota":
+        assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
