@@ -13,6 +13,11 @@ Legend
     deep      ``--deep`` adds `DEEP_SCOPES`; its figures are kept in report.json
               (``deep_summary``) and carried into later non-deep reports while
               the table hash is unchanged
+    cross     the explorer's graph analyses (`proofs.explicit.explore._analyse`:
+              acyclic, longest path, trap set) against networkx on the same graphs:
+              every run with N <= `CROSS_CHECK_N_MAX` of every scope, and the
+              `CROSS_CHECK_MUTANTS` (graphs with a cycle, deadlocks and traps);
+              any difference fails the run (`proofs.explicit.crosscheck`)
     dealt     the table composed with dealt sharding (`models.dealt`, the real
               `odb.batching.deal` classes): exhaustive `DEALT_SCOPES`
               (`proofs.explicit.dealt`), the all-N dealer arithmetic
@@ -68,6 +73,7 @@ class Report:
     deep_summary: dict | None = None
     dealt_runs: list[dict] = field(default_factory=list)
     dealt_mutants: list[dict] = field(default_factory=list)
+    cross_mutants: list[dict] = field(default_factory=list)    # networkx cross-check runs on mutant graphs
 
     @property
     def failures(self) -> list[str]:
@@ -89,14 +95,22 @@ class Report:
                 "seconds": round(self.seconds, 2), "verdicts": [v.to_json() for v in self.verdicts],
                 "runs": self.runs, "worst_case": self.worst_case, "mutants": self.mutants,
                 "counterexamples": [list(c) for c in self.counterexamples], "deep_summary": self.deep_summary,
-                "dealt_runs": self.dealt_runs, "dealt_mutants": self.dealt_mutants}
+                "dealt_runs": self.dealt_runs, "dealt_mutants": self.dealt_mutants,
+                "cross_mutants": self.cross_mutants}
 
 
 # -- jobs (module level so that worker processes can run them) --------------------------
 def _job_scope(scope: Scope, mode: int) -> tuple:
     from .explicit.check import check_scope
-    r = check_scope(replace(scope, modes=(mode,)))
+    from .explicit.crosscheck import CROSS_CHECK_N_MAX
+    r = check_scope(replace(scope, modes=(mode,)), cross_check_n_max=CROSS_CHECK_N_MAX)
     return r.verdicts, [{**x, "scope": str(scope)} for x in r.runs], r.worst_case, r.counterexamples
+
+
+def _job_cross_mutants() -> tuple:
+    from .explicit.crosscheck import mutant_cross_checks
+    verdicts, figures = mutant_cross_checks()
+    return verdicts, [], [], figures
 
 
 def _job_selfcheck(mode: int) -> tuple:
@@ -186,6 +200,7 @@ def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True,
     work += [(f"{s} mode {m}", _job_scope, (s, m), _cost(s, m)) for s in scopes for m in s.modes]
     work += [(f"dealt scope {s}", _job_dealt, (s,), _dealt_cost(s)) for s in DEALT_SCOPES]
     work += [("dealt symbolic", _job_dealt_symbolic, (), 1), ("dealt mutants", _job_dealt_mutants, (), 4)]
+    work += [("cross-check mutant graphs", _job_cross_mutants, (), 2)]
     work.sort(key=lambda w: -w[3])
     mutants: dict[str, dict] = {}
     dealt_found: list[dict] = []
@@ -195,6 +210,9 @@ def run_all(*, deep: bool = False, jobs: int = 2, mutants_symbolic: bool = True,
             verdicts, runs, worst, extra = fut.result()
             log(f"  done: {name} ({len(verdicts)} verdicts)")
             rep.verdicts += verdicts
+            if name == "cross-check mutant graphs":
+                rep.cross_mutants = extra
+                continue
             if name.startswith("dealt"):
                 rep.dealt_runs += runs
                 dealt_found.append({tuple(k[:2]): k[2] for k in worst})
@@ -235,7 +253,8 @@ def _cost(s: Scope, mode: int) -> float:
     """A rough CPU-seconds estimate of one scope job (only orders the jobs; measured on this machine)."""
     per_state = 2e-5 if mode != 2 else 1.5e-5
     states = 5e5 * (4.5 ** (s.n_max - 6)) * (6 ** s.quits) * (3 ** (s.d_max - 2))
-    return states * per_state * (0.3 if mode == 2 else 1)
+    cross = 1 + 4.5 ** (min(4, s.n_max) - s.n_max)  # the networkx cross-check of the N<=4 runs costs about as much
+    return states * per_state * (0.3 if mode == 2 else 1) * cross
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -292,7 +311,10 @@ def render_md(rep: Report) -> str:
            f"mutants, {len(rep.dealt_mutants)} dealt mutants, {rep.seconds:.1f} s wall)",
            "- every `always` property is also shown falsifiable: z3 finds an unconstrained state that violates it "
            "(rows `<property>: falsifiable`; a tautology fails), and its witness implies its premise "
-           "(`witnesses_imply_antecedents`)", ""]
+           "(`witnesses_imply_antecedents`)",
+           "- the explorer's hand-written graph analyses (acyclic, longest path, trap set) equal networkx's on every "
+           "run with N <= 4 and on seeded graphs with a cycle, deadlocks and traps (`graph_analyses_match_networkx`; "
+           "section \"Engines agree\")", ""]
     if not rep.ok:
         out += ["## Failures", ""] + [f"- {f}" for f in rep.failures] + [""]
     out += ["## Verdicts", ""] + verdict_table(rep.verdicts) + [""]
@@ -340,6 +362,7 @@ def render_md(rep: Report) -> str:
         for r in ds["runs"]:
             out.append(f"| {r['scope']} | {r['mode']} | {r['n']} | {r['states']:,} | {r['transitions']:,} | "
                        f"{r['depth']} | {r['longest_path']} | {r['seconds']:.2f} |")
+    out += render_cross_md(rep)
     out += ["", "## Mutants", "",
             "| mutant | what | expected killer | killed | killed by (explicit) | killed by (z3) | time (s) |",
             "|---|---|---|---|---|---|---|"]
@@ -359,6 +382,68 @@ def render_md(rep: Report) -> str:
             out += [f"**{key}**", "", "```", text, "```", ""]
     out += ["## The table (`odb/protocol/table.py`, `DGAP`)", ""] + render_table_md(DGAP) + [""]
     return "\n".join(out)
+
+
+def _both(xs: list, ys: list) -> str:
+    """The values once when both engines gave the same (one value if they are all equal), else both in bold."""
+    a, b = (", ".join(f"{x:,}" if type(x) is int else str(x) for x in (v if len(set(v)) > 1 else v[:1]))
+            for v in (xs, ys))
+    return a if xs == ys else f"**_analyse {a} / networkx {b}**"
+
+
+def _pair(cs: list[dict], fn) -> str:
+    """`fn` of each cross-check's answers, ours and networkx's, as one cell (`_both`)."""
+    return _both([fn(c["ours"]) for c in cs], [fn(c["networkx"]) for c in cs])
+
+
+def render_cross_md(rep: Report) -> list[str]:
+    """The engine cross-check: `_analyse` against networkx, per scope and mode, then on the mutant graphs."""
+    from .explicit.crosscheck import CROSS_CHECK_N_MAX, CROSS_CHECK_SCOPE, METHOD
+    groups: dict = {}
+    for r in rep.runs:
+        if "cross_check" in r:
+            groups.setdefault((r["scope"], r["mode"]), []).append(r["cross_check"])
+    order = {sc: i for i, sc in enumerate(rep.scopes)}
+    modes = ("pad", "join", "quota")
+    vs = [v for v in rep.verdicts if v.method.startswith(METHOD)]
+    secs = sum(v.seconds for v in vs)
+    out = ["", f"## Engines agree: the explorer's graph analyses against networkx ({secs:.1f} s)", "",
+           "`proofs/explicit/crosscheck.py`: each explored graph is rebuilt as a networkx `DiGraph` and three answers "
+           "of the hand-written `_analyse` are compared with networkx's: acyclic (`is_directed_acyclic_graph`; a "
+           "reported cycle must be a closed walk of the graph), the longest path from the initial states "
+           "(`dag_longest_path_length`) and the set of traps, the states from which no all-DONE state is reachable "
+           "(`ancestors` of a node after every all-DONE state). Any difference fails `make verify`. "
+           f"Every run with N <= {CROSS_CHECK_N_MAX} of every scope; one cell when both engines agree.", "",
+           "| scope | mode | N | states | edges | acyclic | longest path per N | traps | result | time (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    res = {(v.scope, v.mode): v for v in vs}
+    for (scope, mode), cs in sorted(groups.items(), key=lambda g: (order.get(g[0][0], 99), modes.index(g[0][1]))):
+        v = res.get((scope, mode))
+        out.append(f"| {scope} | {mode} | 1..{max(c['n'] for c in cs)} | {sum(c['states'] for c in cs):,} | "
+                   f"{sum(c['edges'] for c in cs):,} | {_pair(cs, lambda a: 'yes' if a['acyclic'] else 'no')} | "
+                   f"{_pair(cs, lambda a: a['longest_path'])} | {_both(*_sums(cs, 'traps'))} | "
+                   f"{_fmt_result(v) if v else '**MISSING**'} | {sum(c['seconds'] for c in cs):.2f} |")
+    out += ["", "On the table every graph is acyclic and trap-free, so the same comparison also runs on graphs "
+            f"that are not: seeded tables at {CROSS_CHECK_SCOPE} (every N, every mode).", "",
+            "| table | runs | states | edges | cyclic runs | traps | result | time (s) | what |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    mv = {v.property: v for v in vs}
+    by: dict = {}
+    for f in rep.cross_mutants:
+        by.setdefault(f["mutant"], []).append(f)
+    for name, cs in by.items():
+        v = mv.get(f"graph_analyses_match_networkx[{name}]")
+        out.append(f"| {name} | {len(cs)} | {sum(c['states'] for c in cs):,} | {sum(c['edges'] for c in cs):,} | "
+                   f"{_both(*_sums(cs, 'cyclic'))} | {_both(*_sums(cs, 'traps'))} | "
+                   f"{_fmt_result(v) if v else '**MISSING**'} | {sum(c['seconds'] for c in cs):.2f} | "
+                   f"{v.detail.split(':')[0] if v else ''} |")
+    return out
+
+
+def _sums(cs: list[dict], key: str) -> tuple[list[int], list[int]]:
+    """([ours summed], [networkx's summed]) of the traps, or of the cyclic runs (``key="cyclic"``)."""
+    f = (lambda a: not a["acyclic"]) if key == "cyclic" else (lambda a: a[key])
+    return [sum(f(c["ours"]) for c in cs)], [sum(f(c["networkx"]) for c in cs)]
 
 
 def render_dealt_md(rep: Report) -> list[str]:

@@ -12,6 +12,11 @@ if __name__ == "__main__":
         status = "OK" if r.ok else "VIOLATION"
         print(f"{r.name}: {status} ranks={r.world_size} events={r.events} rounds={r.rounds} "
               f"aborted={r.aborted} rows={dict(r.rows)}")
+        if r.critical_path:
+            cp = r.critical_path
+            print(f"    critical path: {cp['collectives']} collectives, {cp['events']} events "
+                  f"(segments by rank {cp['segments_by_rank']}; happens-before graph {cp['hb_events']} events, "
+                  f"{cp['hb_edges']} edges)")
         for e in r.local_errors + r.failures:
             print("    error:", e.splitlines()[0])
         for p in r.problems[:20]:

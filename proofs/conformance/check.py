@@ -35,6 +35,11 @@ other row.  A run conforms when, for every rank:
 3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``;
    every rank's trace ends in DONE, unless it ends with a ``failure`` line or the
    rank is known to have been killed (`died`).
+4. **Happens-before.** The events of all ranks, in program order and joined by
+   an edge from every rank's post to every rank's collect of each collective,
+   form an acyclic graph in which all ranks' collectives line up in one total
+   order (`hb.happens_before`, networkx).  Its critical path (collectives and
+   events on the longest causal chain) is reported in ``RunReport.critical_path``.
 
 Nothing here re-implements a row: guards, updates and decisions come from
 `odb.protocol.machine`.
@@ -54,6 +59,8 @@ from odb.protocol import machine
 from odb.protocol.expr import Scope, evaluate
 from odb.protocol.table import DGAP, DONE, Table
 
+from .hb import happens_before
+
 __all__ = ["RunReport", "check_run", "check_dir", "assert_conformant"]
 
 _NAME = re.compile(r"^L(\d+)_it(\d+)_rank(\d+)\.jsonl$")
@@ -72,6 +79,7 @@ class RunReport:
     local_errors: list = field(default_factory=list)     # recorded local errors (the run went on to abort)
     failures: list = field(default_factory=list)         # errors that ended a rank's thread
     problems: list = field(default_factory=list)
+    critical_path: dict | None = None                    # `hb.HappensBefore.summary` (None: HB has a cycle)
 
     @property
     def ok(self) -> bool:
@@ -269,7 +277,21 @@ def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset
     ranks = [_replay_rank(table, rank, metas[rank][0], metas[rank][1], rep, rank in died) for rank in range(n)]
     policy = _default_policy_if(loaded[0][0].get("policy"))
     _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy)
+    _check_happens_before([metas[rank][1] for rank in range(n)], rep)
     return rep
+
+
+def _check_happens_before(traces: list[list[dict]], rep: RunReport) -> None:
+    """Condition 4 (`hb.happens_before`); without networkx the check fails, it is never skipped."""
+    try:
+        hb = happens_before(traces)
+    except ImportError as e:
+        rep.problems.append(f"happens-before check did not run: {e} (networkx is in the 'verify' and 'test' "
+                            "extras: pip install -e '.[test]')")
+        return
+    rep.problems += hb.problems
+    if hb.critical_events is not None:
+        rep.critical_path = hb.summary()
 
 
 def _default_policy_if(name: str | None):

@@ -20,7 +20,10 @@ property that reads the quit status ``qt`` is checked only in scopes with quits
 (without them its witness is unreachable by construction; `proofs.report`
 checks that every witness is found in some scope).  A truncated search fails
 every verdict of its mode (INCOMPLETE).  Failures carry the shortest
-counterexample as a step table.
+counterexample as a step table.  With ``cross_check_n_max`` the runs up to
+that N are also analysed by networkx (`crosscheck`): one more verdict per mode,
+``graph_analyses_match_networkx``, and each such run's figures carry both
+engines' answers under ``"cross_check"``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from odb.protocol.table import DGAP, JOIN, PAD, QUOTA, Table
 
 from ..verdict import Verdict
 from .confluence import POLICIES, check_confluence
+from .crosscheck import METHOD as CROSS_METHOD, cross_check, engines_agree_verdict
 from .explore import MODE_NAMES, Exploration, explore
 from .trace import counterexample
 
@@ -218,24 +222,36 @@ def _fold(mode: int, runs: list[Exploration], scope: Scope, table: Table, out: S
 
 
 def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | None = None,
-                max_states: int = 5_000_000, max_cex: int = 20, log=None) -> ScopeResult:
+                max_states: int = 5_000_000, max_cex: int = 20, log=None,
+                cross_check_n_max: int = 0) -> ScopeResult:
     """All explicit verdicts of `scope` (see the module docstring).
 
     `confluence_n_max` bounds N for the confluence runs (default: the scope's
     ``confluence_n_max``, else its n_max); confluence runs only without quits.  `log(str)` receives one progress line per run.
+    `cross_check_n_max`: the runs with N up to it are cross-checked with networkx (0: none; needs networkx).
     """
     out = ScopeResult(scope=str(scope))
     for mode in scope.modes:
-        runs = []
+        runs, checks = [], []
         for n in range(1, scope.n_max + 1):
+            keep = n <= cross_check_n_max
             r = explore(n, scope.d_max, scope.w, mode, table=table, max_states=max_states,
-                        round_bound=ROUNDS_CLOSED_FORM[mode][1], quits=scope.quits)
+                        round_bound=ROUNDS_CLOSED_FORM[mode][1], quits=scope.quits, keep_succs=keep)
             runs.append(r)
             out.runs.append(_run_figures(r))
+            if keep:
+                if not r.truncated:
+                    checks.append(cross_check(r, str(scope)))
+                    out.runs[-1]["cross_check"] = checks[-1].figures()
+                r.succs = None  # the successor lists are as large as the states: free them at once
             if log:
                 log(f"  {MODE_NAMES[mode]:5} N={n} Q={scope.quits}: {r.states} states, {r.transitions} transitions, "
                     f"depth {r.depth}, {r.seconds:.2f} s")
         _fold(mode, runs, scope, table, out, max_cex)
+        if cross_check_n_max:
+            trunc = [r.n for r in runs if r.truncated and r.n <= cross_check_n_max]
+            method = f"{CROSS_METHOD} (N<={min(cross_check_n_max, scope.n_max)})"
+            out.verdicts.append(engines_agree_verdict(checks, str(scope), MODE_NAMES[mode], trunc, method=method))
         for r in runs:
             r.drop_graph()
         del runs

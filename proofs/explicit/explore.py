@@ -20,6 +20,11 @@ per data vector.  Parent pointers make every reported state's path a shortest pa
 
 A search that exceeds ``max_states`` stops and is flagged ``truncated``; every
 verdict built from it is then a failure (INCOMPLETE), never a pass.
+
+The graph analyses (`_analyse`) are hand-written array code, sized for the
+millions of states of ``verify --deep``; `crosscheck` compares them with
+networkx on the graphs of the small scopes (``explore(keep_succs=True)`` keeps
+the successor lists for it).
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ class Exploration:
     nondeterministic: list = field(default_factory=list)  # (state index, rank id, rows)
     empty_batches: list = field(default_factory=list)     # (state index, rank id, row, params, count)
     cycle: list | None = None                              # state indices of one cycle
-    traps: list = field(default_factory=list)              # states that cannot reach all-DONE
+    traps: list = field(default_factory=list)              # states that cannot reach all-DONE (first few)
     num_traps: int = 0
+    trap_list: list = field(default_factory=list)          # every trap (dropped with `drop_graph`)
     longest_path: int | None = None
     rounds_exceeded: int | None = None                     # first state past `round_bound`
     per_vector: dict = field(default_factory=dict)         # d -> {"longest": , "max_rounds": , "min_rounds": }
@@ -82,6 +88,7 @@ class Exploration:
     parent: list | None = None
     plabel: list | None = None
     sink_list: list = field(default_factory=list)          # every sink's state index
+    succs: list | None = None                              # successor lists, with explore(keep_succs=True)
 
     @property
     def scope(self) -> str:
@@ -100,8 +107,8 @@ class Exploration:
         return self.fm.to_sys(s) if self.symmetry else s
 
     def drop_graph(self) -> None:
-        self.fm = self.states_list = self.parent = self.plabel = None
-        self.sink_list = []
+        self.fm = self.states_list = self.parent = self.plabel = self.succs = None
+        self.sink_list, self.trap_list = [], []
 
 
 def _props(table: Table, mode: int, model: Model):
@@ -113,7 +120,8 @@ def _props(table: Table, mode: int, model: Model):
 
 
 def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symmetry: bool = True,
-            max_states: int = 5_000_000, policy=None, round_bound=None, quits: int = 0) -> Exploration:
+            max_states: int = 5_000_000, policy=None, round_bound=None, quits: int = 0,
+            keep_succs: bool = False) -> Exploration:
     """Explore every reachable state for `n` ranks (see the module docstring).
 
     Deterministic: the same arguments give the same counts and counterexamples.
@@ -122,7 +130,9 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     `round_bound(d) -> int` (d: the sorted data vector) is the claimed maximum
     number of collectives; a state past it is recorded in `rounds_exceeded`
     and not expanded, so a table with unbounded rounds still gives a finite
-    search and a shortest counterexample.
+    search and a shortest counterexample (such a state has no successors).
+    `keep_succs` keeps the successor lists in ``Exploration.succs`` (for
+    `crosscheck`; they cost about as much memory as the states).
     """
     t0 = time.perf_counter()
     model = Model(table, W=w, mode=mode, quits=quits)
@@ -255,6 +265,8 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     res.depth = max(level)
     res.fires = fires
     res.states_list, res.parent, res.plabel = states, parent, plabel
+    if keep_succs:
+        res.succs = succs
     if not res.truncated:
         _analyse(res, succs, [idx for idx in range(len(inits))])
     res.seconds = time.perf_counter() - t0
@@ -318,6 +330,7 @@ def _analyse(res: Exploration, succs: list, init_idx: list[int]) -> None:
     bad = [x for x in range(n) if not can[x]]
     res.num_traps = len(bad)
     res.traps = bad[:5]
+    res.trap_list = bad
     # rounds per data vector: the k of every all-DONE sink, grouped by the data multiset
     for x in range(n):
         if succs[x] or not done(x):

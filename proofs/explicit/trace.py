@@ -9,7 +9,10 @@ Legend
 
 A path found on the symmetry-reduced graph is replayed on the unreduced
 `models.env.Model`, so the table shows real rank identities.  A deadlock ends
-with a *waits-for* line: which ranks wait in which round, and for whom.
+with a *waits-for* line: which ranks wait in which round, and for whom; then
+that relation as a graph (`waits_for_graph`, networkx): its cycle, or else its
+longest chain, which ends at a rank that waits for no one (it has left, or it
+is stuck).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from odb.protocol.table import DONE, PHASES, WAIT
 
 from .explore import Exploration
 
-__all__ = ["replay", "step_table", "waits_for", "counterexample"]
+__all__ = ["replay", "step_table", "waits_for", "waits_for_graph", "waits_for_chain", "counterexample"]
 
 _PHASE = {v: k for k, v in PHASES.items()}
 
@@ -88,14 +91,20 @@ def step_table(steps: list[tuple[str, SysState]]) -> str:
     return "\n".join(lines)
 
 
+def _missing(s: SysState, i: int) -> list[int]:
+    """The ranks that have not posted the collective rank `i` is in (rank `i` in WAIT)."""
+    rd = s.rank_value(i, "rd")
+    return [j for j in range(s.n) if not (s.rank_value(j, "ph") == WAIT and s.rank_value(j, "rd") == rd
+                                          and s.rank_value(j, "posted") == 1)]
+
+
 def waits_for(s: SysState) -> str:
     """Who waits for whom in a stuck state."""
     parts = []
     for i in range(s.n):
         ph, rd = s.rank_value(i, "ph"), s.rank_value(i, "rd")
         if ph == WAIT:
-            missing = [j for j in range(s.n) if not (s.rank_value(j, "ph") == WAIT and s.rank_value(j, "rd") == rd
-                                                     and s.rank_value(j, "posted") == 1)]
+            missing = _missing(s, i)
             if s.k == rd + 1:
                 parts.append(f"r{i} left collective #{rd} but no row returns it (decision blocked)")
             elif missing:
@@ -110,13 +119,61 @@ def waits_for(s: SysState) -> str:
     return "STUCK: " + "; ".join(parts) if parts else "STUCK: every rank is DONE"
 
 
+def waits_for_graph(s: SysState):
+    """The waits-for relation of `s` as a networkx DiGraph over ranks: i -> j when rank i waits in
+    collective #rd (its round) and rank j has not posted that collective.
+
+    A rank whose collective was completed (``k == rd + 1``; its decision is blocked) waits for no one.
+    Needs networkx (the ``verify`` and ``test`` extras).
+    """
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(range(s.n))
+    for i in range(s.n):
+        if s.rank_value(i, "ph") == WAIT and s.k != s.rank_value(i, "rd") + 1:
+            g.add_edges_from((i, j) for j in _missing(s, i) if j != i)
+    return g
+
+
+def _where(s: SysState, j: int) -> str:
+    ph, rd = s.rank_value(j, "ph"), s.rank_value(j, "rd")
+    if ph == DONE:
+        return f"r{j} is DONE: it has left the protocol"
+    if ph == WAIT:
+        return f"r{j} waits in collective #{rd}, which no one else blocks"
+    return f"r{j} is stuck in {_PHASE[ph]} round {rd} (no row enabled)"
+
+
+def waits_for_chain(s: SysState) -> str:
+    """The waits-for graph of a stuck state in one line: its cycle (``nx.find_cycle``), else its longest
+    chain (``nx.dag_longest_path``), which ends at a rank that waits for no one, then the edges off the chain."""
+    import networkx as nx
+
+    g = waits_for_graph(s)
+    if not g.number_of_edges():
+        return "WAITS-FOR: no rank waits in a collective for another"
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        chain = nx.dag_longest_path(g)
+        on = set(zip(chain, chain[1:]))
+        others = [f"r{u} -> r{v} ({_PHASE[s.rank_value(v, 'ph')]})" for u, v in sorted(g.edges) if (u, v) not in on]
+        return ("WAITS-FOR chain: " + " -> ".join(f"r{i}" for i in chain) + f" ({_where(s, chain[-1])})" +
+                (f"; other waits: {', '.join(others)}" if others else ""))
+    nodes = [u for u, _ in cycle] + [cycle[0][0]]
+    rounds = ", ".join(f"r{u} in #{s.rank_value(u, 'rd')}" for u, _ in cycle)
+    return ("WAITS-FOR cycle: " + " -> ".join(f"r{i}" for i in nodes) +
+            f" (each waits for the next to post its collective: {rounds}; none of them can move)")
+
+
 def counterexample(res: Exploration, idx: int, *, deadlock: bool = False, title: str = "") -> str:
     """A full counterexample block: heading, step table and (for a deadlock) the waits-for line."""
     steps = replay(res, idx)
     head = f"{title}  mode={_mode(res)} {res.scope}  shortest: {len(steps) - 1} steps"
     body = step_table(steps)
     if deadlock:
-        body += "\n" + waits_for(steps[-1][1])
+        body += "\n" + waits_for(steps[-1][1]) + "\n" + waits_for_chain(steps[-1][1])
     return head + "\n" + body
 
 
