@@ -68,7 +68,7 @@ __all__ = ["DROP", "POLICIES", "DealtConfig", "DealtModel", "Replicas", "RankVie
 
 DROP = 0
 _F = {name: i for i, name in enumerate(DGAP.field_names)}
-PH, RD, BUF, X, EM = _F["ph"], _F["rd"], _F["buf"], _F["x"], _F["em"]
+PH, RD, BUF, X, EM = _F["ph"], _F["rd"], _F["buf"], _F["exhausted"], _F["em"]
 # rank tuple: (local, reads, ret, ended, cost, drops, over, eg, rid, hdr)
 LOCAL, READS, RET, ENDED, COST, DROPS, OVER, EG, RID, HDR = range(10)
 # hdr: (n, st, shape, taken, cost, dry, reserve, ladder)

@@ -286,7 +286,7 @@ def test_every_invariant_conjunct_holds_on_every_reachable_state(mode):
             if mode in c.modes:
                 assert holds(c.formula, view), f"{c.name} fails in reachable state {s}"
                 checked += 1
-        aborted += any(s.rank_value(j, "ab") for j in range(s.n))
+        aborted += any(s.rank_value(j, "aborted") for j in range(s.n))
     assert aborted > 100   # the states after an abort are among them
     assert checked > 20_000
 

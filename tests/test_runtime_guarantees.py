@@ -402,7 +402,7 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
     def status():  # the consumer stops right after the post row read quit = 0
         if read_at_post:
             return CLOSED
-        if core.local["x"]:  # the source is exhausted: this read is the post row's payload
+        if core.local["exhausted"]:  # the source is exhausted: this read is the post row's payload
             read_at_post.append(1)
         return 0
     out = core.step(status)

@@ -218,7 +218,7 @@ class RankCore:
         sizes = [it.sizes for it in self._window]
         S, lad = self.layout.summary_len, self.layout.ladder_len
         try:
-            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self.local["x"]))]
+            summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self.local["exhausted"]))]
             if len(summary) != S:
                 raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {S}")
             intake = [0] * lad if self.deal is None else [int(v) for v in policy_intake(self.policy, sizes, self.cost,
@@ -313,9 +313,9 @@ class RankCore:
             raise ProtocolError(f"rank core window holds {len(self._window)} samples, the table says "
                                 f"buf={s.after['buf']} after {s.row}")
         self.local = s.after
-        if s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["x"] and not self._ended:
+        if s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["exhausted"] and not self._ended:
             end = self._ended = True  # nothing held, the source exhausted: no more batches (JOIN keeps posting)
-        if self.done and self.local["ab"] and self.status == OK:
+        if self.done and self.local["aborted"] and self.status == OK:
             abort_err = self._abort_error(self.local["rd"] - 1)
         return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err)
 

@@ -28,7 +28,7 @@ Aborts are part of the table, not a side channel: a rank that must stop
 (its consumer closed the loader, or its data source raised) sees ``in.quit > 0``
 (its own local status: 1 closed, 2 failed), stops fetching, and posts its
 next header with ``st = in.quit``.  The collective's ``max_st`` then sends
-every rank to DONE in the same round through ``return_abort`` (``ab = true``),
+every rank to DONE in the same round through ``return_abort`` (``aborted = true``),
 so a stopping rank never leaves its peers blocked in a collective.
 
 The decision (`LETS`) reads only `Input`s that come from the collective
@@ -324,7 +324,7 @@ class Table:
 
 W = Cfg("W")
 MODE = Cfg("mode")
-ph, rd, buf, x = Field("ph"), Field("rd"), Field("buf"), Field("x")
+ph, rd, buf, exhausted = Field("ph"), Field("rd"), Field("buf"), Field("exhausted")
 T, nreal, nfill, pend = Field("T"), Field("nreal"), Field("nfill"), Field("pend")
 em, nb, kb = Field("em"), Field("nb"), Field("kb")
 
@@ -332,12 +332,12 @@ _FIELDS = (
     FieldSpec("ph", "int", Const(FILL), "phase: FILL, WAIT, EMIT or DONE"),
     FieldSpec("rd", "int", Const(0), "round: number of header collectives this rank has completed"),
     FieldSpec("buf", "int", Const(0), "samples held: this round's window, carry included"),
-    FieldSpec("x", "bool", Const(False), "the data source said it is exhausted"),
+    FieldSpec("exhausted", "bool", Const(False), "the data source said it is exhausted"),
     FieldSpec("T", "int", Const(0), "this round's common target (batches per rank)"),
     FieldSpec("nreal", "int", Const(0), "real batches still to emit this round"),
     FieldSpec("nfill", "int", Const(0), "filler batches still to emit this round (PAD)"),
     FieldSpec("pend", "int", Const(0), "samples still to emit this round (the rest of buf is carry)"),
-    FieldSpec("ab", "bool", Const(False), "the epoch ended by an abort (some rank posted a non-zero status)"),
+    FieldSpec("aborted", "bool", Const(False), "the epoch ended by an abort (some rank posted a non-zero status)"),
     FieldSpec("em", "int", Const(0), "ghost: samples emitted so far", ghost=True),
     FieldSpec("nb", "int", Const(0), "ghost: batches emitted so far, fillers included", ghost=True),
     FieldSpec("kb", "int", Const(0), "ghost: batches emitted in this round, fillers included", ghost=True),
@@ -374,19 +374,19 @@ _LETS = (
 _real = mn(Let("target"), buf)  # local: real batches this rank can form this round
 
 _ROWS = (
-    Row("take_sample", FILL, and_(not_(x), lt(buf, W), eq(Input("quit"), 0), Input("src_has")), Effect("fetch"),
+    Row("take_sample", FILL, and_(not_(exhausted), lt(buf, W), eq(Input("quit"), 0), Input("src_has")), Effect("fetch"),
         (("buf", buf + 1),), FILL,
         "the source produced a sample: add it to the window"),
-    Row("see_exhausted", FILL, and_(not_(x), lt(buf, W), eq(Input("quit"), 0), not_(Input("src_has"))),
+    Row("see_exhausted", FILL, and_(not_(exhausted), lt(buf, W), eq(Input("quit"), 0), not_(Input("src_has"))),
         Effect("fetch"),
-        (("x", Const(True)),), FILL,
+        (("exhausted", Const(True)),), FILL,
         "the source is exhausted: remember it (a rank learns this only by asking)"),
-    Row("post_header", FILL, or_(eq(buf, W), x, gt(Input("quit"), 0)),
+    Row("post_header", FILL, or_(eq(buf, W), exhausted, gt(Input("quit"), 0)),
         Effect("post", payload=(("n", buf), ("st", Input("quit"))), shape=HEADER_SHAPE),
         (), WAIT,
         "SYNC: every rank posts its window size and status to the round's collective: full, exhausted or stopping"),
     Row("return_abort", WAIT, and_(Input("ready"), Let("abort")), Effect("collect"),
-        (("rd", rd + 1), ("ab", Const(True))), DONE,
+        (("rd", rd + 1), ("aborted", Const(True))), DONE,
         "some rank posted a non-zero status: every rank stops in the same round"),
     Row("return_stop", WAIT, and_(Input("ready"), not_(Let("abort")), Let("stop")), Effect("collect"),
         (("rd", rd + 1),), DONE,

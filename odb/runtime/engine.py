@@ -118,7 +118,7 @@ class Engine:
                 self._put(("end", None))
             if out.abort_error is not None:
                 self._aborted(out.abort_error)
-        if not core.local["ab"] and not core.ended:
+        if not core.local["aborted"] and not core.ended:
             self._put(("end", None))
 
     # -- errors ------------------------------------------------------------------------

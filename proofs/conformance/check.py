@@ -31,7 +31,7 @@ other row.  A run conforms when, for every rank:
    what the ranks posted, agree across ranks, and the digest's target and
    proposal equal the previous round's as recomputed here (the table's
    ``Let("target")`` on the collective inputs).  Ranks that finished agree on
-   ``ab`` (aborted or not).
+   ``aborted``.
 3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``;
    every rank's trace ends in DONE, unless it ends with a ``failure`` line or the
    rank is known to have been killed (`died`).
@@ -248,7 +248,7 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
     shapes = {p[1]["shape"] for rk in ranks for p in rk.posts}
     if len(shapes) > 1:
         rep.problems.append(f"posted header shapes differ: {sorted(shapes)}")
-    done = {r: rk.final["ab"] for r, rk in enumerate(ranks) if rk.final is not None and rk.final["ph"] == DONE}
+    done = {r: rk.final["aborted"] for r, rk in enumerate(ranks) if rk.final is not None and rk.final["ph"] == DONE}
     if len(set(done.values())) > 1:
         rep.problems.append(f"finished ranks disagree on the abort: ab per rank {done}")
 

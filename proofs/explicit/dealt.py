@@ -182,7 +182,7 @@ def _acyclic(res: DealtRun, offsets: array, succ: array) -> None:
 def _summary(model: DealtModel, s: tuple, r: int) -> dict:
     v = model.view(s, r)
     st = v.replica["state"]
-    out = {"ph": _PHASE[v.local["ph"]], "buf": v.local["buf"], "em": v.local["em"], "x": v.local["x"],
+    out = {"ph": _PHASE[v.local["ph"]], "buf": v.local["buf"], "em": v.local["em"], "exhausted": v.local["exhausted"],
            "reads": v.reads, "ret": v.ret, "ended": v.ended, "drops": v.drops, "over": v.over,
            "keys": list(v.replica["keys"]), "reserve_taken": v.replica["reserve_taken"], "dry": v.replica["dry"],
            "deals": st["rounds"], "cursor": st["cursor"], "dealer.dealt": list(st["dealt"]),

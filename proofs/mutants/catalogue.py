@@ -26,7 +26,7 @@ from odb.protocol.table import DGAP, DONE, JOIN, PAD, QUOTA, Effect, Table
 __all__ = ["Mutant", "MUTANTS", "by_name"]
 
 W, MODE = Cfg("W"), Cfg("mode")
-buf, x, rd, nreal, pend = Field("buf"), Field("x"), Field("rd"), Field("nreal"), Field("pend")
+buf, x, rd, nreal, pend = Field("buf"), Field("exhausted"), Field("rd"), Field("nreal"), Field("pend")
 QUIT = Input("quit")
 
 
@@ -94,7 +94,7 @@ def _quit_leaves_without_posting() -> Table:
     post = DGAP.row("post_header")
     t = DGAP.replace_row("post_header", guard=and_(post.guard, eq(QUIT, 0)))
     leave = replace(post, name="leave_on_quit", guard=gt(QUIT, 0), effect=Effect("none"), phase_to=DONE,
-                    updates=(("ab", Const(True)),), doc="mutant: a stopping rank leaves without posting")
+                    updates=(("aborted", Const(True)),), doc="mutant: a stopping rank leaves without posting")
     return replace(t, rows=t.rows + (leave,))
 
 
@@ -180,7 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _payload(st=Const(0)), "nothing_left_at_end"),
     Mutant("return_abort_forgets_ab",
            "return_abort does not set ab: an aborted epoch is reported as complete",
-           lambda: _updates(DGAP, "return_abort", ab=None), "nothing_left_at_end"),
+           lambda: _updates(DGAP, "return_abort", aborted=None), "nothing_left_at_end"),
     Mutant("abort_decided_locally",
            "the abort decision reads the rank's own quit input instead of the gathered max_st: only the "
            "stopping rank leaves, the others wait for it in the next collective (Table.validate bypassed: "

@@ -20,10 +20,10 @@ the table).
 Aborts: the environment may turn any rank's status ``qt`` from 0 to 1 before it
 is DONE (any number of ranks, any time).  A stopping rank posts ``st = qt``; the
 round's collective then has ``max_st > 0`` (ABORT) and every rank returns to DONE
-with ``ab``.  The invariant carries: ``qt`` and the posted/mailbox status are 0
+with ``aborted``.  The invariant carries: ``qt`` and the posted/mailbox status are 0
 or 1; a go round's headers were all healthy, so the windows of the go round were
 full or exhausted exactly as without aborts; after an ABORT nobody is in FILL,
-EMIT or posted (so no further collective); ``ab`` only at DONE and equal to
+EMIT or posted (so no further collective); ``aborted`` only at DONE and equal to
 ABORT there.
 """
 
@@ -71,7 +71,7 @@ TGT = mx(Const(1), mn(PROPOSAL, HI))
 STOP = ite(eq(MODE, QUOTA), eq(MIN_N, 0), eq(MAX_N, 0))
 """The last completed collective's stop condition (it sends ranks to DONE unless ABORT does first)."""
 ABORT = gt(MAX_ST, 0)
-"""The last completed collective carried a non-zero status: every rank returns with ``ab``."""
+"""The last completed collective carried a non-zero status: every rank returns with ``aborted``."""
 GO = and_(not_(ABORT), not_(STOP))
 """The last completed collective said go (return_go)."""
 
@@ -86,7 +86,7 @@ def pending(i: str = "i") -> Expr:
 
 
 def drained(i: str = "i") -> Expr:
-    return and_(f("x", i), eq(f("buf", i), 0))
+    return and_(f("exhausted", i), eq(f("buf", i), 0))
 
 
 def base(i: str) -> Expr:
@@ -119,8 +119,8 @@ INVARIANT: tuple[Conjunct, ...] = (
         implies(eq(f("posted"), 0), eq(f("pst"), 0)))),
         "the stop status is 0 or 1 and never reverts; a posted status is 0 or the rank's own 1"),
     Conjunct("wait_full_or_exhausted", every(implies(at(WAIT), and_(
-        implies(eq(f("posted"), 1), or_(eq(f("buf"), W), f("x"), gt(f("pst"), 0))),
-        implies(and_(eq(f("posted"), 0), not_(ABORT)), or_(eq(f("buf"), W), f("x")))))),
+        implies(eq(f("posted"), 1), or_(eq(f("buf"), W), f("exhausted"), gt(f("pst"), 0))),
+        implies(and_(eq(f("posted"), 0), not_(ABORT)), or_(eq(f("buf"), W), f("exhausted")))))),
         "a rank posts a full window, an exhausted one, or a stop; a round without a stop had only "
         "full or exhausted windows"),
     # -- the decision ---------------------------------------------------------
@@ -140,9 +140,9 @@ INVARIANT: tuple[Conjunct, ...] = (
     Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)), GO)),
              "a rank past the last collective into a new round saw a go (so after an abort every "
              "rank is DONE or about to return: no further collective)"),
-    Conjunct("done_after_stop_or_abort", every(implies(at(DONE), ite(f("ab"), ABORT, and_(not_(ABORT), STOP)))),
+    Conjunct("done_after_stop_or_abort", every(implies(at(DONE), ite(f("aborted"), ABORT, and_(not_(ABORT), STOP)))),
              "a finished rank saw an abort (and has ab) or a stop without abort (and has not)"),
-    Conjunct("abort_flag_only_at_done", every(implies(not_(at(DONE)), not_(f("ab")))),
+    Conjunct("abort_flag_only_at_done", every(implies(not_(at(DONE)), not_(f("aborted")))),
              "ab is set only by the return to DONE"),
     # -- a round's batches ----------------------------------------------------
     Conjunct("emit_counts", every(implies(at(EMIT), and_(
@@ -166,12 +166,12 @@ INVARIANT: tuple[Conjunct, ...] = (
     # -- samples --------------------------------------------------------------
     Conjunct("window", every(and_(ge(f("buf"), 0), le(f("buf"), W), ge(f("pend"), 0), le(f("pend"), f("buf")))),
              "0 <= pend <= buf <= W"),
-    Conjunct("source", every(and_(ge(f("src"), 0), implies(f("x"), eq(f("src"), 0)))),
+    Conjunct("source", every(and_(ge(f("src"), 0), implies(f("exhausted"), eq(f("src"), 0)))),
              "a source never goes negative and is empty once it said so"),
     Conjunct("accounting", every(eq(f("em") + f("buf") + f("src"), f("d"))), "emitted + held + left = shard"),
     Conjunct("samples_per_batch", implies(ne(MODE, PAD), every(ge(f("em"), f("nb")))),
              "join, quota: every batch is real and holds a sample"),
-    Conjunct("done_drained", every(implies(and_(at(DONE), not_(f("ab"))), drained())),
+    Conjunct("done_drained", every(implies(and_(at(DONE), not_(f("aborted"))), drained())),
              "pad, join: a rank that finished without an abort holds nothing and its source is empty",
              modes=(PAD, JOIN)),
     Conjunct("quota_stop_witness", implies(and_(ge(K, 1), eq(MIN_N, 0), not_(ABORT)), Exists("j", drained("j"))),
@@ -196,7 +196,7 @@ def for_mode(mode: int) -> list[Conjunct]:
 MEASURE: tuple[tuple[str, Expr], ...] = (
     ("rounds_left", R - f("rd")),
     ("phase", ite(at(EMIT), Const(3), ite(at(FILL), Const(2), ite(at(WAIT), Const(1), Const(0))))),
-    ("in_phase", ite(at(FILL), (W - f("buf")) + ite(f("x"), Const(0), Const(1)),
+    ("in_phase", ite(at(FILL), (W - f("buf")) + ite(f("exhausted"), Const(0), Const(1)),
                      ite(at(EMIT), f("nreal") + f("nfill"), Const(0)))),
 )
 """Lexicographic measure of rank i: every local row at i decreases it, complete and quit leave it."""
@@ -204,7 +204,7 @@ MEASURE: tuple[tuple[str, Expr], ...] = (
 QUIT_BUDGET = Const(1) - f("qt")
 """Quit transitions rank i can still undergo: 1 at Init, lowered by its quit, untouched otherwise."""
 
-FETCH_BUDGET = f("src") + ite(f("x"), Const(0), Const(1))
+FETCH_BUDGET = f("src") + ite(f("exhausted"), Const(0), Const(1))
 """Fetches rank i can still make: each fetch row lowers it by one; d_i + 1 initially."""
 
 ROUND_INDEX = ite(or_(at(EMIT), at(DONE)), f("rd") - 1, f("rd"))

@@ -167,11 +167,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "except RuntimeError as e:  # the store barrier", "except KeyError as e:  # the store barrier",
                (R + "test_a_rank_missing_at_construction_gives_rank_failure_within_timeout_s",),
                "a rank missing at construction surfaces as a bare RuntimeError"),
-    # (dropping `local["x"]` here instead is equivalent: at return_go buf is the posted n, and a rank posts
+    # (dropping `local["exhausted"]` here instead is equivalent: at return_go buf is the posted n, and a rank posts
     # with buf < W only when its source is exhausted or it stops; docs/decisions/2026-12-01-replicated-decisions.md)
     CodeMutant("join_ends_with_a_sample_held", "odb/core/rank.py",
-               'self.local["buf"] == 0 and self.local["x"] and not self._ended:',
-               'self.local["buf"] <= 1 and self.local["x"] and not self._ended:',
+               'self.local["buf"] == 0 and self.local["exhausted"] and not self._ended:',
+               'self.local["buf"] <= 1 and self.local["exhausted"] and not self._ended:',
                (G + "test_join_mode_emits_every_sample_whatever_the_last_window_holds",),
                "a JOIN rank ends its iterator while its window still holds a sample"),
     # -- the dealer ------------------------------------------------------------------------------------------------
@@ -192,6 +192,14 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "            if False:\n                rep.problems.append(f\"round {rnd}: ranks posted different",
                (C + "test_a_tampered_trace_is_rejected[tamper_replicated]",),
                "the checker does not compare the replicated fields across ranks"),
+    CodeMutant("checker_skips_happens_before", "proofs/conformance/check.py",
+               "rep.problems += hb.problems", "rep.problems += []",
+               ("tests/test_graphs.py::test_a_trace_that_reorders_two_collectives_on_one_rank_is_rejected_naming_the_rank_and_the_rounds",),
+               "the checker builds the happens-before graph but ignores what it finds"),
+    # -- the simulation is the runtime's core ------------------------------------------------------------------
+    CodeMutant("sim_lead_differs", "odb/core/sim.py", "first_lead(window, aheads)", "first_lead(window + 1, aheads)",
+               ("tests/test_differential.py::test_the_loader_on_gloo_ranks_emits_the_simulations_batches[dealt-pad-8-2]",),
+               "the simulation deals its first window with another lead than the runtime"),
     CodeMutant("checker_skips_summaries", "proofs/conformance/check.py",
                'if coll["summaries"] != summaries:', "if False:",
                (C + "test_a_tampered_trace_is_rejected[tamper_summary]",),
