@@ -8,7 +8,7 @@ through the DGAP table, PAD mode); GMT, BMT and Standard come from
 Methods: ``odb`` (the default policy) and ``release_reimpl`` run on fixed,
 DistributedSampler-style strided shards; ``odb_dealt`` is the same policy with
 dealt shards: `odb.batching.deal.Dealer` deals positions of the one global order
-to the ranks as they consume them, from measured costs (``lead`` = W), so the
+to the ranks as they consume them, from measured costs (each rank topped up to its per-round need, as the runtime does: `odb.core.sim`), so the
 fixed shards' ceiling (below) does not bind it.  The Markdown shows ``odb`` as
 "fixed" and ``odb_dealt`` as "dealt".
 

@@ -49,7 +49,7 @@ def render(report: dict) -> str:
            "run through the DGAP table (`odb.core.sim`: the runtime's RankCore per rank, PAD mode, strided shards as DistributedSampler); "
            "GMT/BMT/Standard from `odb.baselines` on the same lengths. `fixed` / ODB columns: those shards; "
            "`dealt` columns: ODB (same policy) with dealt shards, positions of the one global order dealt to the "
-           "ranks online by measured cost (`odb.batching.deal`, lead = W), so no fixed shard caps them. "
+           "ranks online by measured cost (`odb.batching.deal`, each rank topped up to its per-round need as the runtime does), so no fixed shard caps them. "
            "`release` columns are the RELEASE ALGORITHM (RE-IMPLEMENTED FROM ITS DESCRIPTION in FACTS.md "
            "section 2), not the released code. Padding is only meaningful for the padded cost.", "",
            "## Targets", "", *target_lines(res, report["decision_microbench_1024"], released), "",

@@ -163,12 +163,13 @@ class Dealer:
 
     # -- deals ---------------------------------------------------------------------
     def start(self) -> list[list[int]]:
-        """The first deal, before any cost is known: ``lead`` each, round robin (fewer if short)."""
-        out: list[list[int]] = [[] for _ in range(self.world)]
-        for _ in range(self.lead):
-            for r in range(self.world):
-                if self.cursor < self.total:  # no reserve is taken before the first deal
-                    out[r].append(self._give(r))
+        """The first deal, before any cost is known: ``lead`` each, round robin (fewer if short):
+        position p goes to rank ``p mod N`` while ``p < min(total, N * lead)``."""
+        limit = min(self.total, self.world * self.lead)  # no reserve is taken before the first deal
+        out = [list(range(r, limit, self.world)) for r in range(self.world)]
+        for r in range(self.world):
+            self.dealt[r] += len(out[r])
+        self.cursor = limit
         return out
 
     def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None,

@@ -178,14 +178,15 @@ class RankCore:
             return Out(local_error=self._take_error())
         return self._effects(s)
 
-    def collect(self, rows: Sequence[Sequence[int]]) -> Out:
-        """Fire the WAIT row on the round's gathered headers (every rank's, in rank order).
+    def collect(self, rows: Sequence[Sequence[int]] | Sequence[Header]) -> Out:
+        """Fire the WAIT row on the round's gathered headers (every rank's, in rank order; int vectors,
+        or already decoded `Header`s, which a simulation decodes once for all its ranks).
 
         Raises what `Replicated.decide` raises (every rank alike: a collective mismatch, a
         divergence, another epoch)."""
         if not self.waiting:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
-        self._rows = [self.layout.decode(r) for r in rows]
+        self._rows = [r if isinstance(r, Header) else self.layout.decode(r) for r in rows]
         self._decision = self.replica.decide(self._rows)
         s = machine.step(DGAP, self.local, self._decision.inputs, self.cfg, self._choose, self._selected)
         return self._effects(s)
@@ -373,8 +374,9 @@ class RankCore:
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
         held, self._held = self._held, []
+        totals = list(map(sum, zip(*(h.counts[:3 * len(held)] for h in rows)))) if held else []
         for k, b in enumerate(held):
-            g = [sum(h.count(k, j) for h in rows) for j in range(3)]
+            g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
             loc, basis_g = b.counts, g[self.loss_slot]
             scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
             if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:

@@ -76,15 +76,22 @@ def round_proposal(table: Table, cfg: Mapping[str, int], headers: list[dict], su
                    policy: Any, round_index: int) -> int:
     """The round's proposal: the table's lower bound when its ``abort`` holds on `headers`, else
     ``policy.propose(summaries, W)``; ProtocolError when outside the table's bounds."""
+    return _decide(table, cfg, headers, summaries, policy, round_index)[0]
+
+
+def _decide(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries: Sequence[Sequence[int]],
+            policy: Any, round_index: int) -> tuple[int, dict]:
+    """(`round_proposal`, the collective inputs with it): the aggregates are computed once."""
     lo, hi = proposal_bounds(table, cfg)
-    probe = machine.collective_inputs(table, headers, lo, cfg)
-    if evaluate(Let("abort"), Scope(inputs=probe, cfg=cfg, lets=table.let_map)):
-        return lo
+    inputs = machine.collective_inputs(table, headers, lo, cfg)
+    if evaluate(Let("abort"), Scope(inputs=inputs, cfg=cfg, lets=table.let_map)):
+        return lo, inputs
     proposal = int(policy.propose(summaries, cfg["W"]))
     if not lo <= proposal <= hi:
         raise ProtocolError(f"policy {type(policy).__name__} proposed {proposal}, outside the table's bounds "
                             f"[{lo}, {hi}] in round {round_index}")
-    return proposal
+    inputs["proposal"] = proposal  # the aggregates do not depend on the proposal
+    return proposal, inputs
 
 
 def _dealer_crc(order: DealtOrder | None) -> int:
@@ -125,8 +132,7 @@ class Replicated:
         self._agree(rows)
         headers = table_headers(rows, self.shared.header_len)
         summaries = [list(h.summary) for h in rows]
-        proposal = round_proposal(self.table, self.cfg, headers, summaries, self.policy, self.round)
-        inputs = machine.collective_inputs(self.table, headers, proposal, self.cfg)
+        proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round)
         target = round_target(self.table, inputs, self.cfg)
         if self.order is not None and not self.order.done:
             need = round_needs(self.shared.window, target, [(h.n, h.intake) for h in rows], self.aheads)

@@ -183,8 +183,9 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
         res.rounds += 1
         if res.rounds > max_rounds:
             raise RuntimeError(f"simulation did not finish within {max_rounds} rounds")
+        rows = [layout.decode(h) for h in posts]  # once for every rank (each runtime rank decodes its own)
         for r, c in enumerate(cores):
-            _take(c.collect(posts), r, out, res)
+            _take(c.collect(rows), r, out, res)
         res.targets.append(cores[0].decision.target)
         res.decision_s.extend(p.seconds - b for p, b in zip(pols, before))
     for r, c in enumerate(cores):
