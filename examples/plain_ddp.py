@@ -7,6 +7,7 @@ Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop
 
 import argparse
 import contextlib
+import gc
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -58,6 +59,8 @@ def main() -> None:
           f"fillers {loader.stats.fillers}, last loss {out.loss.item():.3f}")
     loader.close()
     if dist.is_initialized():
+        del model  # DDP holds the group; free it before the group goes (a gloo work freed at exit aborts)
+        gc.collect()
         dist.barrier()  # tear down together: a peer that exits mid-teardown can abort gloo
         dist.destroy_process_group()
 

@@ -398,6 +398,14 @@ def main() -> None:
     rank, _ = rank_world()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(rec, f)
+    # Tear down while the interpreter is alive: a gloo work freed in its worker thread during interpreter
+    # finalization needs the GIL and aborts the process (seen under load).
+    import gc
+
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # SYNC: every rank tears down together
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

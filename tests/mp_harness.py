@@ -58,8 +58,11 @@ def _child(fn, rank, world_size, args, store, out, env, pg_timeout_s):
         pickle.dump(res, f)
     os.replace(out + ".tmp", out)
     try:
+        import gc
+
         import torch.distributed as dist
 
+        gc.collect()  # free what holds the group now: a gloo work freed during finalization aborts the process
         if dist.is_initialized():
             dist.destroy_process_group()
     except Exception:

@@ -10,21 +10,49 @@ the caller and stops the pass through the table.
 
 from __future__ import annotations
 
+import functools
 import queue
 import signal
 import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Callable
 
-from ..core.info import STEP_INFO_KEY
-from ..core.rank import Batch
+from ..batching.deal import DealtOrder, first_lead
+from ..core.info import LOSS_BASES, STEP_INFO_KEY
+from ..core.rank import Batch, RankCore
+from ..core.replica import Replicated
+from ..core.shared import describe_cost
 from ..errors import ConfigError, ProtocolError, SampleError
+from ..protocol.table import DGAP, MODES
 from .engine import CLOSED, FAILED, Engine
+from .ledger import ranges
+from .source import _measure
+from .trace import TraceWriter, trace_path
 
 if TYPE_CHECKING:
     from .loader import ODBDataLoader
 
-__all__ = ["Pass", "first_usable", "no_template"]
+__all__ = ["Pass", "start_engine", "first_usable", "no_template", "check_filler", "sample_fits"]
+
+
+def sample_fits(sample, cost, settings) -> bool:
+    """The sample, measured as the loader measures it, fits the budget (False if it cannot be measured)."""
+    try:
+        return cost.fits([_measure(sample, settings.length_fn, settings.shift_labels)[0]])
+    except Exception:
+        return False
+
+
+def check_filler(sample, cost, settings) -> None:
+    """Raise ConfigError unless a user's ``filler_sample`` can be measured and fits the budget."""
+    try:
+        sizes, _ = _measure(sample, settings.length_fn, settings.shift_labels)
+    except Exception as e:
+        raise ConfigError(f"filler_sample cannot be measured ({type(e).__name__}: {e}); pass a processed "
+                          "sample like the dataset's") from None
+    if not cost.fits([sizes]):
+        raise ConfigError(f"filler_sample has sizes {sizes}, over the budget of cost {describe_cost(cost)}; "
+                          "every filler step would exceed the budget; pass a sample within the budget")
 
 
 def first_usable(dataset, order: list, fits: Callable, limit: int = 16):
@@ -155,3 +183,42 @@ class Pass:
             self._stop(CLOSED)
         except Exception:
             pass
+
+
+def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
+    """Begin a pass of `loader` over `order` (None: a stream): the dealt order and its first deal (dealt
+    sharding gathers every rank's yielded positions first), the source, the filler template, the trace,
+    and the rank core its engine drives; returns the started engine."""
+    s, done, deal = loader.settings, loader.ledger.done, None
+    if loader.sharding == "dealt":
+        every = {p for rgs in loader._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
+        deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in every], loader.world_size, loader.rank,
+                          lead=first_lead(s.buffer_size, loader._aheads), stats=loader.stats)
+        deal.first()
+        loader._source.start(None, frozenset(), deal=deal)
+    else:
+        keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in done]
+        loader._source.start(keys, frozenset(done))
+    if s.filler_sample is not None:
+        template = functools.partial(lambda x: x, s.filler_sample)
+    elif order is None:
+        template = functools.partial(no_template, loader.rank)
+    else:
+        template = functools.partial(first_usable, loader.dataset, order, loader._fits)
+    trace = None
+    if s.trace_dir is not None:
+        cfg = {"W": s.buffer_size, "mode": MODES[s.mode], "header_len": loader.layout.length}
+        trace = TraceWriter(trace_path(s.trace_dir, loader._loader_id, loader._passes, loader.rank), {
+            "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
+            "epoch": loader.epoch, "mode": s.mode, "loader": loader._loader_id, "iteration": loader._passes,
+            "policy": type(loader.policy).__name__, "sharding": loader.sharding})
+    loader._passes += 1
+    replica = Replicated(loader.shared, world_size=loader.world_size, aheads=loader._aheads, policy=loader.policy,
+                         order=deal, epoch=loader.epoch)
+    core = RankCore(rank=loader.rank, world_size=loader.world_size, mode=MODES[s.mode], policy=loader.policy,
+                    cost=loader.cost, replica=replica, layout=loader.layout, source=loader._source,
+                    oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template)
+    eng = Engine(core=core, source=loader._source, group=loader._group.group, timeout_s=loader.timeout_s, trace=trace,
+                 queue_size=max(2, s.buffer_size), stats=loader.stats)
+    eng.start()
+    return eng

@@ -15,8 +15,7 @@ not hidden: the others raise `odb.RankFailure` naming the round.
 
 from __future__ import annotations
 
-import functools
-import inspect
+import atexit
 import itertools
 import warnings
 import weakref
@@ -26,24 +25,31 @@ from typing import Callable, Iterator
 from torch.utils.data import IterableDataset
 
 from ..batching.collate import pad_collate
-from ..batching.deal import DealtOrder, first_lead
-from ..core.info import LOSS_BASES, LoaderStats
-from ..core.rank import RankCore
-from ..core.replica import Replicated
-from ..core.shared import describe_cost
+from ..core.info import LoaderStats
 from ..errors import ConfigError
-from ..protocol.table import DGAP, MODES
 from .engine import CLOSED, Engine, header_layout
-from .epoch_pass import Pass, first_usable, no_template
+from .epoch_pass import Pass, check_filler, sample_fits, start_engine
 from .group import LoaderGroup
-from .ledger import EpochLedger, ranges
+from .ledger import EpochLedger
 from .settings import LoaderSettings
-from .source import Source, _measure, shard_order
-from .trace import TraceWriter, trace_path
+from .source import Source, shard_order
 
 __all__ = ["ODBDataLoader"]
 
 _LOADER_IDS = itertools.count()
+_OPEN: "weakref.WeakSet[ODBDataLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    """Close the loaders still open when the interpreter exits, while it is fully alive: a gloo group
+    torn down during finalization can abort the process (its worker thread frees a work that needs the
+    GIL).  A loader should still be closed explicitly, at the same point on every rank."""
+    for loader in list(_OPEN):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - exiting anyway; one loader's failure must not keep others open
+            pass
 
 
 class ODBDataLoader:
@@ -66,7 +72,7 @@ class ODBDataLoader:
     """
 
     def __init__(self, dataset, token_budget=None, collate_fn: Callable | None = None, *,
-                 settings: LoaderSettings | None = None, **kwargs):
+                 settings: LoaderSettings | None = None, **kwargs):  # the keywords: LoaderSettings's fields
         self.closed = True  # until construction completes (close() / __del__ are then no-ops)
         if settings is None:
             settings = LoaderSettings.from_kwargs({"token_budget": token_budget, **kwargs})
@@ -79,7 +85,7 @@ class ODBDataLoader:
         self.mode, self.loss_basis, self.seed, self.timeout_s = s.mode, s.loss_basis, s.seed, float(s.timeout_s)
         self.cost, self.policy = s.cost_and_policy()
         if s.filler_sample is not None:
-            self._check_filler(s.filler_sample)
+            check_filler(s.filler_sample, self.cost, s)
         self.layout = header_layout(int(self.policy.summary_len), s.buffer_size)
         own_order = s.sampler is None and not iterable
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
@@ -99,22 +105,10 @@ class ODBDataLoader:
         self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
         self._pass = None             # a weak reference to the last pass (refused operations while it is open)
         self.closed = False
-
-    def _check_filler(self, sample) -> None:
-        try:
-            sizes, _ = _measure(sample, self.settings.length_fn, self.settings.shift_labels)
-        except Exception as e:
-            raise ConfigError(f"filler_sample cannot be measured ({type(e).__name__}: {e}); pass a processed "
-                              "sample like the dataset's") from None
-        if not self.cost.fits([sizes]):
-            raise ConfigError(f"filler_sample has sizes {sizes}, over the budget of cost {describe_cost(self.cost)}; "
-                              "every filler step would exceed the budget; pass a sample within the budget")
+        _OPEN.add(self)
 
     def _fits(self, sample) -> bool:
-        try:
-            return self.cost.fits([_measure(sample, self.settings.length_fn, self.settings.shift_labels)[0]])
-        except Exception:
-            return False
+        return sample_fits(sample, self.cost, self.settings)
 
     def _open_pass(self) -> bool:
         live = self._pass() if self._pass is not None else None
@@ -161,7 +155,9 @@ class ODBDataLoader:
         self._finish_engine()
         order = self._order()
         self.ledger.start_pass(-1 if order is None else len(order))
-        it = Pass(self, self._start_engine(order))
+        eng = start_engine(self, order)
+        self._engine, self._engine_drained = eng, False
+        it = Pass(self, eng)
         self._pass = weakref.ref(it)
         return it
 
@@ -176,42 +172,6 @@ class ODBDataLoader:
                           "unemitted (another rank ran out of data first); their indices are in "
                           "loader.stats.unemitted_indices. Use mode='pad' or 'join' to emit every sample.",
                           stacklevel=3)
-
-    def _start_engine(self, order: list | None) -> Engine:
-        s, done, deal = self.settings, self.ledger.done, None
-        if self.sharding == "dealt":
-            every = {p for rgs in self._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
-            deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in every], self.world_size, self.rank,
-                              lead=first_lead(s.buffer_size, self._aheads), stats=self.stats)
-            deal.first()
-            self._source.start(None, frozenset(), deal=deal)
-        else:
-            keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in done]
-            self._source.start(keys, frozenset(done))
-        if s.filler_sample is not None:
-            template = functools.partial(lambda x: x, s.filler_sample)
-        elif order is None:
-            template = functools.partial(no_template, self.rank)
-        else:
-            template = functools.partial(first_usable, self.dataset, order, self._fits)
-        trace = None
-        if s.trace_dir is not None:
-            cfg = {"W": s.buffer_size, "mode": MODES[s.mode], "header_len": self.layout.length}
-            trace = TraceWriter(trace_path(s.trace_dir, self._loader_id, self._passes, self.rank), {
-                "table": DGAP.hash, "cfg": cfg, "rank": self.rank, "world_size": self.world_size,
-                "epoch": self.epoch, "mode": s.mode, "loader": self._loader_id, "iteration": self._passes,
-                "policy": type(self.policy).__name__, "sharding": self.sharding})
-        self._passes += 1
-        replica = Replicated(self.shared, world_size=self.world_size, aheads=self._aheads, policy=self.policy,
-                             order=deal, epoch=self.epoch)
-        core = RankCore(rank=self.rank, world_size=self.world_size, mode=MODES[s.mode], policy=self.policy,
-                        cost=self.cost, replica=replica, layout=self.layout, source=self._source,
-                        oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=self.stats, template=template)
-        eng = Engine(core=core, source=self._source, group=self._group.group, timeout_s=self.timeout_s, trace=trace,
-                     queue_size=max(2, s.buffer_size), stats=self.stats)
-        self._engine, self._engine_drained = eng, False
-        eng.start()
-        return eng
 
     def join_engine(self, eng: Engine) -> None:
         # bounded: the engine's last collective waits at most timeout_s
@@ -263,6 +223,7 @@ class ODBDataLoader:
         if self.closed:
             return
         self.closed = True
+        _OPEN.discard(self)
         try:
             self._finish_engine()
         finally:
@@ -282,9 +243,4 @@ class ODBDataLoader:
             pass
 
 
-ODBDataLoader.__init__.__signature__ = inspect.Signature(  # the documented keywords, for help() and IDEs
-    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d) for n, d in
-     (("self", inspect.Parameter.empty), ("dataset", inspect.Parameter.empty), ("token_budget", None),
-      ("collate_fn", None))] +
-    [inspect.Parameter("settings", inspect.Parameter.KEYWORD_ONLY, default=None)] +
-    LoaderSettings.signature_parameters())
+ODBDataLoader.__init__.__signature__ = LoaderSettings.loader_signature()  # the documented keywords, for help()

@@ -189,8 +189,12 @@ class LoaderSettings:
         return cls(**kwargs)
 
     @classmethod
-    def signature_parameters(cls) -> list[inspect.Parameter]:
-        """Keyword-only parameters, one per field (the loader's documented signature)."""
-        return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
-                                  default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
-                for f in dataclasses.fields(cls) if f.name != "token_budget"]
+    def loader_signature(cls) -> inspect.Signature:
+        """`odb.ODBDataLoader.__init__`'s signature: its positional parameters, then one keyword-only
+        parameter per field (what ``help()`` and IDEs show)."""
+        P = inspect.Parameter
+        head = [P("self", P.POSITIONAL_OR_KEYWORD), P("dataset", P.POSITIONAL_OR_KEYWORD),
+                P("token_budget", P.POSITIONAL_OR_KEYWORD, default=None),
+                P("collate_fn", P.POSITIONAL_OR_KEYWORD, default=None), P("settings", P.KEYWORD_ONLY, default=None)]
+        return inspect.Signature(head + [P(f.name, P.KEYWORD_ONLY, default=P.empty if f.default is dataclasses.MISSING
+                                           else f.default) for f in dataclasses.fields(cls) if f.name != "token_budget"])
