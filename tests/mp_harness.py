@@ -179,8 +179,9 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     shard), budget, W, mode, iterable, workers, drop, raise_at, no_len, collate
     ("id" | "bad" | "list"), break_at (step), break_rank (default: every rank), die_at (step) with
     die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
-    oversize, timeout_s, state (a state_dict to load), save_at (step: return a
-    state_dict taken after that step and stop), sharding ("auto" | "fixed" | "dealt").
+    oversize, timeout_s, state (a state_dict per rank to load, or one merged state for every rank),
+    save_at (step: return a state_dict taken after that step and stop; a rank whose data ends first
+    returns its final state), sharding ("auto" | "fixed" | "dealt").
     """
     import odb
 
@@ -199,8 +200,9 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
             kw["sampler"] = ListSampler(shards[rank])
     steps, out = [], {}
     loader = odb.ODBDataLoader(ds, spec.get("budget", 128), collate, **kw)
-    if spec.get("state") is not None:
-        loader.load_state_dict(spec["state"][rank])
+    if spec.get("state") is not None:  # one state per rank, or one merged state for every rank (elastic)
+        st = spec["state"]
+        loader.load_state_dict(st if isinstance(st, dict) else st[rank])
     for epoch in range(spec.get("epochs", 1)):
         if epoch:
             loader.set_epoch(epoch)
@@ -220,6 +222,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
                 break
             if spec.get("break_at") == k and spec.get("break_rank", rank) == rank:
                 break
+    if spec.get("save_at") is not None and "state" not in out:  # JOIN: this rank's data ended before the save
+        out["state"] = loader.state_dict()
     out.update(steps=steps, stats=loader.stats.as_dict())
     loader.close()
     return out

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 
 __all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
            "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss",
-           "make_loader", "option"]
+           "make_loader", "option", "resharded_state"]
 
 # loss_basis -> (local field, global field) of odb.StepInfo
 BASIS_FIELDS = {
@@ -378,10 +378,25 @@ def gather_rank_states(local: dict) -> dict:
 
 
 def own_rank_state(sd: dict, rank: int, world_size: int) -> dict:
-    """This rank's entry of `gather_rank_states`; rejects another world size."""
+    """This rank's `TrainStream` state from `gather_rank_states`: its own entry on the same world size,
+    else every rank's merged (`resharded_state`: elastic resume)."""
     if sd.get("version") != 1 or "ranks" not in sd:
         raise ConfigError("ODB checkpoint entry has an unknown format; it was not written by this ODB version")
-    if sd.get("world_size") != world_size:
-        raise ConfigError(f"cannot resume: the checkpoint holds {sd.get('world_size')} ranks' ODB state, this run "
-                          f"has world_size={world_size}; resume with the same number of ranks")
-    return sd["ranks"][rank]
+    if sd.get("world_size") == world_size:
+        return sd["ranks"][rank]
+    return resharded_state(sd["ranks"], rank, world_size)
+
+
+def resharded_state(states: list, rank: int, world_size: int) -> dict:
+    """The `TrainStream` state of `rank` of `world_size` from every rank's `TrainStream.state_dict` at one
+    checkpoint of a run with any number of ranks: the loaders' states merged (`odb.runtime.merge_states`:
+    refused for a sampler's or a stream's, for a missing rank, for states of different steps) and the
+    progress, which every rank holds alike (refused if it differs)."""
+    from ..runtime.ledger import merge_states
+
+    progress = [s.get("progress") for s in states]
+    if any(p != progress[0] for p in progress):
+        raise ConfigError(f"the checkpoint's ranks disagree on the training progress ({progress}): the states are "
+                          "not from one checkpoint")
+    return {"version": 1, "rank": rank, "world_size": world_size,
+            "loader": merge_states([s["loader"] for s in states]), "progress": progress[0]}

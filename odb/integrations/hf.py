@@ -58,6 +58,7 @@ is checked per batch, `ConfigError` otherwise.
 
 from __future__ import annotations
 
+import glob
 import os
 import warnings
 from typing import Any
@@ -67,8 +68,8 @@ from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..errors import ConfigError
-from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, sample_scheduler,
-                      window_weights)
+from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, resharded_state,
+                      sample_scheduler, window_weights)
 
 __all__ = ["ODBTrainerMixin", "ODBTrainer", "ODBSeq2SeqTrainer", "STATE_FILE"]
 
@@ -125,6 +126,20 @@ class _ODBCallback(TrainerCallback):
         if self.trainer.odb_loader is not None:
             self.trainer.odb_loader.close()
         return control
+
+
+def _resume_state(folder: str, loader) -> dict:
+    """This rank's stream state from a checkpoint folder's ``odb_rank<r>.pt`` files: its own file when the
+    checkpoint was written by as many ranks, else every file merged (elastic resume; `resharded_state`)."""
+    paths = sorted(glob.glob(os.path.join(folder, STATE_FILE.format(rank="*"))))
+    if not paths:
+        raise ConfigError(f"resuming from {folder}: no {STATE_FILE.format(rank='<r>')} there (not written by an "
+                          "ODBTrainer); the loader position cannot be restored")
+    states = [torch.load(p, weights_only=False) for p in paths]
+    sizes = {s.get("world_size") for s in states}
+    if sizes == {loader.world_size} and len(states) == loader.world_size:
+        return next(s for s in states if s.get("rank") == loader.rank)
+    return resharded_state(states, loader.rank, loader.world_size)
 
 
 class ODBTrainerMixin:
@@ -186,12 +201,7 @@ class ODBTrainerMixin:
                                       seed=self.args.seed, num_workers=self.args.dataloader_num_workers)
         self.odb_stream = TrainStream(self.odb_loader, 1, max_samples=self.odb_max_samples)
         if self._odb_resume_dir is not None:
-            path = os.path.join(self._odb_resume_dir, STATE_FILE.format(rank=self.odb_loader.rank))
-            if not os.path.isfile(path):
-                raise ConfigError(f"resuming from {self._odb_resume_dir}: no {os.path.basename(path)} there (not "
-                                  "written by an ODBTrainer, or with another world size); the loader position "
-                                  "cannot be restored")
-            self.odb_stream.load_state_dict(torch.load(path, weights_only=False))
+            self.odb_stream.load_state_dict(_resume_state(self._odb_resume_dir, self.odb_loader))
         return _EpochStream(self.odb_stream, self._odb_max_epochs())
 
     @property

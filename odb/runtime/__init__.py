@@ -5,6 +5,9 @@ This is the only package of ``odb`` that imports ``torch.distributed``.
 
 from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
 from ..core.info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
+from .ledger import merge_states
 from .loader import ODBDataLoader
+from .settings import LoaderSettings
 
-__all__ = ["ODBDataLoader", "StepInfo", "LoaderStats", "pop_step_info", "pad_collate", "STEP_INFO_KEY"]
+__all__ = ["ODBDataLoader", "LoaderSettings", "merge_states", "StepInfo", "LoaderStats", "pop_step_info", "pad_collate",
+           "STEP_INFO_KEY"]

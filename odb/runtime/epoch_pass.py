@@ -159,10 +159,10 @@ class Pass:
         batch[STEP_INFO_KEY] = info
         st = loader.stats
         st.steps += 1
+        loader.ledger.record(b.positions, self.epoch, info.global_samples)
         if info.filler:
             st.fillers += 1
         else:
-            loader.ledger.record(b.positions, self.epoch)
             st.samples += len(b.samples)
             st.real_tokens += sum(b.sizes)
             st.padded_tokens += len(b.sizes) * max(b.sizes)

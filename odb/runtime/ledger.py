@@ -1,21 +1,31 @@
-"""`EpochLedger`: which positions of the epoch's order this rank yielded, and its resume state.
+"""`EpochLedger`: which positions of the epoch's order this rank yielded; resume, also on another world size.
 
-A position is the place of a sample in the epoch's order: this rank's own order with fixed shards,
-the global order when dealt, the stream position for an IterableDataset.  Samples buffered or
-prefetched but not yet yielded are not recorded, so a loader resumed from `state_dict` emits them
-again: across the two runs every sample is emitted exactly once.  Dealt: the next pass gathers every
-rank's record (all ranks resume together).
+A position is the place of a sample in the epoch's order: this rank's own shard of the loader's order
+with fixed shards, the global order when dealt, the stream position for an IterableDataset.  Samples
+buffered or prefetched but not yet yielded are not recorded, so a loader resumed from a state emits
+them again: across the runs every sample is emitted exactly once.
+
+Two kinds of state (``"kind"``):
+
+    rank     `EpochLedger.state_dict` of one rank: loads into the same rank of the same world size
+    global   `merge_states` of every rank's state at one checkpoint: the epoch's yielded positions in
+             the loader's global order, for a loader on ANY number of ranks (elastic resume)
+
+Re-sharding needs the loader's own order (no ``sampler``, map-style): fixed shards are the round-robin
+slices of one ``seed + epoch`` permutation (rank r of N holds its positions ``r, r + N, ...``), dealt
+positions are global already.  A ``sampler`` or an IterableDataset decides each rank's samples itself,
+so ODB cannot re-shard them: merging their states is refused.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["EpochLedger", "STATE_VERSION", "ranges"]
+__all__ = ["EpochLedger", "STATE_VERSION", "ranges", "merge_states"]
 
-STATE_VERSION = 2  # 2: adds 'sharding' (positions are per rank when fixed, global when dealt)
+STATE_VERSION = 3  # 3: 'kind', 'order', 'mode' and the consumed steps and samples (elastic resume); 2 still loads
 
 
 def ranges(positions) -> list[list[int]]:
@@ -31,89 +41,239 @@ def ranges(positions) -> list[list[int]]:
 
 class EpochLedger:
     """This rank's record of one epoch: ``done`` positions, ``complete`` (the last pass ran to its end),
-    ``num_positions`` (the length of the epoch's order; -1 for a stream; None before the first pass)."""
+    ``num_positions`` (the length of the epoch's order; -1 for a stream; None before the first pass),
+    ``steps`` and ``samples`` (batches, and every rank's samples in them, consumed this epoch)."""
 
     def __init__(self) -> None:
         self.epoch = 0
         self.done: set = set()
         self.complete = False
         self.num_positions: int | None = None
+        self.steps = self.samples = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; another epoch forgets what the old one yielded."""
         if epoch != self.epoch:
-            self.done, self.complete = set(), False
+            self.done, self.complete, self.steps, self.samples = set(), False, 0, 0
         self.epoch = epoch
 
     def start_pass(self, num_positions: int) -> None:
         """A pass begins: a completed epoch starts again from nothing."""
         if self.complete:
-            self.done, self.complete = set(), False
+            self.done, self.complete, self.steps, self.samples = set(), False, 0, 0
         self.num_positions = num_positions
 
-    def record(self, positions, epoch: int) -> None:
-        """Positions yielded by a pass over `epoch` (a pass over another epoch records nothing here)."""
+    def record(self, positions, epoch: int, global_samples: int) -> None:
+        """One consumed batch of a pass over `epoch` (its positions; none for a filler); a pass over
+        another epoch records nothing here."""
         if epoch == self.epoch:
             self.done.update(positions)
+            self.steps += 1
+            self.samples += int(global_samples)
 
-    def state_dict(self, *, world_size: int, rank: int, seed: int, sharding: str) -> dict:
-        return {"version": STATE_VERSION, "world_size": world_size, "rank": rank, "seed": seed, "sharding": sharding,
-                "epoch": self.epoch, f"rank_{rank}": {"done": ranges(self.done), "complete": self.complete,
-                                                      "num_positions": self.num_positions}}
+    def state_dict(self, *, world_size: int, rank: int, seed: int, sharding: str, order: str, mode: str) -> dict:
+        return {"version": STATE_VERSION, "kind": "rank", "world_size": world_size, "rank": rank, "seed": seed,
+                "sharding": sharding, "order": order, "mode": mode, "epoch": self.epoch,
+                f"rank_{rank}": {"done": ranges(self.done), "complete": self.complete,
+                                 "num_positions": self.num_positions, "steps": self.steps, "samples": self.samples}}
 
     def load_state_dict(self, state: Mapping, *, world_size: int, rank: int, seed: int, sharding: str,
-                        positions_of: Callable[[int], int]) -> None:
-        """Load a `state_dict` of the same rank, world size, seed and sharding (strict: every field is
-        validated and anything else raises ConfigError naming the field and what was found).
+                        order: str, positions_of: Callable[[int], int], global_positions: int | None) -> None:
+        """Load a state (strict: every field is validated and anything else raises ConfigError naming
+        the field and what was found).
 
-        `positions_of(epoch)` gives the length of that epoch's order now (-1 for a stream); the state's
-        must match it (the dataset or sampler must be unchanged)."""
-        if not isinstance(state, Mapping):
-            raise ConfigError(f"state must be a mapping from ODBDataLoader.state_dict, got {type(state).__name__}")
-        sd = dict(state)
-        version = sd.pop("version", None)
-        if version != STATE_VERSION or isinstance(version, bool):
-            raise ConfigError(f"state version {version!r} is not supported (this loader reads {STATE_VERSION})")
-        for key, mine, why in (("world_size", world_size, "the per-rank shards would change"),
-                               ("rank", rank, "this state belongs to another rank"),
-                               ("seed", seed, "the sample order would change"),
-                               ("sharding", sharding, "positions would mean other samples")):
+        A ``"rank"`` state must be this rank's of the same world size; a ``"global"`` one
+        (`merge_states`) loads on any world size.  `positions_of(epoch)` gives the length of this
+        rank's order of that epoch now (-1 for a stream); `global_positions` the loader's global
+        order's length (None without the loader's own order)."""
+        sd = _check_common(state, seed=seed, sharding=sharding)
+        if sd.pop("kind", "rank") == "global":
+            return self._load_global(sd, world_size=world_size, rank=rank, sharding=sharding, order=order,
+                                     global_positions=global_positions)
+        for key, mine, why in (("world_size", world_size, "the per-rank shards would change; merge every rank's "
+                                "state with odb.runtime.merge_states to resume on another world size"),
+                               ("rank", rank, "this state belongs to another rank")):
             if key not in sd:
                 raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
             got = sd.pop(key)
             if got != mine or type(got) is not type(mine):
                 raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
-        epoch = sd.pop("epoch", None)
+        for key in ("order", "mode"):  # version 3; informational when loading on the same rank
+            sd.pop(key, None)
+        epoch = _epoch(sd.pop("epoch", None))
         mine = sd.pop(f"rank_{rank}", None)
         if mine is None:
             raise ConfigError(f"state lacks 'rank_{rank}' (the record of this rank's yielded samples)")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"state has epoch={epoch!r}; it must be an int >= 0")
         if sd:
             raise ConfigError(f"state has unknown keys {sorted(sd)}; refusing to guess what they mean")
-        if not isinstance(mine, Mapping):
-            raise ConfigError(f"state's rank_{rank} is a {type(mine).__name__}, not a mapping")
-        mine = dict(mine)
-        missing = {"done", "complete", "num_positions"} - set(mine)
-        if missing:
-            raise ConfigError(f"state's rank_{rank} lacks {sorted(missing)}")
-        done, complete, num = mine.pop("done"), mine.pop("complete"), mine.pop("num_positions")
-        if mine:
-            raise ConfigError(f"rank state has unknown keys {sorted(mine)}")
-        if not isinstance(complete, bool):
-            raise ConfigError(f"state has complete={complete!r}; it must be True or False (whether the last pass "
-                              "of the epoch ran to its end)")
-        if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < -1):
-            raise ConfigError(f"state has num_positions={num!r}; it must be None, -1 or an int >= 0")
+        rec = _rank_record(mine, rank)
         now = positions_of(epoch)
-        if num is not None and num != now:
-            raise ConfigError(f"cannot resume: this rank's order had {num} positions, now {now} (the dataset "
-                              "or sampler changed)")
+        if rec["num_positions"] is not None and rec["num_positions"] != now:
+            raise ConfigError(f"cannot resume: this rank's order had {rec['num_positions']} positions, now {now} "
+                              "(the dataset or sampler changed)")
         self.set_epoch(epoch)
-        self.done, self.complete, self.num_positions = _positions(done, now), complete, num
+        self.done, self.complete = _positions(rec["done"], now), rec["complete"]
+        self.num_positions, self.steps, self.samples = rec["num_positions"], rec["steps"], rec["samples"]
 
-def _positions(done, total: int) -> set:
-    """The positions of a state's yielded ranges, validated (see `EpochLedger.load_state_dict`)."""
+    def _load_global(self, sd: dict, *, world_size: int, rank: int, sharding: str, order: str,
+                     global_positions: int | None) -> None:
+        if order != "own" or global_positions is None:
+            raise ConfigError(f"cannot resume from a merged state: this loader's samples come from its {order} "
+                              "(a sampler or an IterableDataset decides each rank's samples; ODB cannot re-shard them)")
+        total = sd.pop("num_positions", None)
+        if total != global_positions:
+            raise ConfigError(f"cannot resume: the merged state's order had {total!r} positions, this dataset has "
+                              f"{global_positions} (the dataset changed)")
+        epoch = _epoch(sd.pop("epoch", None))
+        done = _positions(sd.pop("done", None), total)
+        complete = sd.pop("complete", None)
+        if not isinstance(complete, bool):
+            raise ConfigError(f"merged state has complete={complete!r}; it must be True or False")
+        for key in ("world_size", "order", "mode", "steps", "samples"):  # what the merge checked and recorded
+            sd.pop(key, None)
+        if sd:
+            raise ConfigError(f"merged state has unknown keys {sorted(sd)}; refusing to guess what they mean")
+        self.set_epoch(epoch)
+        if sharding == "dealt":  # global positions, the whole order's
+            mine = set(done)
+        else:  # this rank's round-robin slice of the same permutation: global q -> local (q - rank) / N
+            mine = {(q - rank) // world_size for q in done if q % world_size == rank}
+        self.done, self.complete, self.steps, self.samples = mine, complete, 0, 0
+        self.num_positions = total if sharding == "dealt" else len(range(rank, total, world_size))
+
+
+def merge_states(states: Sequence[Mapping]) -> dict:
+    """One ``"global"`` state from every rank's `ODBDataLoader.state_dict` at one checkpoint (rank order
+    or not), for a loader on any number of ranks (the module docstring).
+
+    Refused with ConfigError, never merged: a missing or repeated rank, states of different world
+    sizes, seeds, shardings, epochs, modes or orders, a sampler's or a stream's states (not
+    re-shardable), a position yielded by two ranks, and states from different checkpoints (PAD and
+    QUOTA: every rank consumed the same steps and samples; JOIN: every rank that had not ended did)."""
+    if not states:
+        raise ConfigError("merge_states needs every rank's state; got none")
+    recs: dict[int, Mapping] = {}
+    for k, st in enumerate(states):
+        if not isinstance(st, Mapping) or st.get("kind", "rank") != "rank" or st.get("version") != STATE_VERSION:
+            raise ConfigError(f"state {k} is not a version-{STATE_VERSION} per-rank ODBDataLoader.state_dict "
+                              f"(version {st.get('version') if isinstance(st, Mapping) else None!r})")
+        r = st.get("rank")
+        if r in recs:
+            raise ConfigError(f"two states for rank {r}; pass each rank's state once (from one checkpoint)")
+        recs[r] = st
+    first = recs[min(recs, key=lambda r: (not isinstance(r, int), r))]
+    n = first.get("world_size")
+    missing = sorted(set(range(n if isinstance(n, int) else 0)) - set(recs))
+    if set(recs) != set(range(n if isinstance(n, int) else 0)):
+        raise ConfigError(f"merge_states got the states of ranks {sorted(recs, key=str)}, but they were written "
+                          f"by {n} ranks: {'ranks ' + str(missing) + ' missing' if missing else 'unknown ranks'}; "
+                          "every rank's state of the same checkpoint is needed")
+    for key in ("world_size", "seed", "sharding", "epoch", "mode", "order"):
+        vals = {repr(st.get(key)) for st in recs.values()}
+        if len(vals) > 1:
+            raise ConfigError(f"the states disagree on {key!r} ({sorted(vals)}); they are not from one run's checkpoint")
+    order, sharding, mode = first["order"], first["sharding"], first["mode"]
+    if order != "own":
+        raise ConfigError(f"cannot merge states of a loader whose samples come from its {order}: a sampler or an "
+                          "IterableDataset decides each rank's samples, so ODB cannot re-shard them; resume on the "
+                          f"same {n} ranks, each with its own state")
+    rows = [_rank_record(recs[r].get(f"rank_{r}"), r) for r in range(n)]
+    _same_checkpoint(rows, mode)
+    if sharding == "dealt":
+        totals = {row["num_positions"] for row in rows if row["num_positions"] is not None}
+        total = totals.pop() if len(totals) == 1 else None
+    else:
+        total = sum(row["num_positions"] for row in rows) if all(row["num_positions"] is not None for row in rows) \
+            else None
+    if total is None or (sharding == "fixed" and any(row["num_positions"] != len(range(r, total, n))
+                                                     for r, row in enumerate(rows))):
+        raise ConfigError(f"the states' orders do not fit one order (positions per rank "
+                          f"{[row['num_positions'] for row in rows]}); they are not from one run, or were taken "
+                          "before the first pass")
+    seen: dict[int, int] = {}
+    for r, row in enumerate(rows):
+        for q in _positions(row["done"], row["num_positions"]):
+            g = q if sharding == "dealt" else r + q * n
+            if g in seen:
+                raise ConfigError(f"position {g} of the order was yielded by ranks {seen[g]} and {r}: the states are "
+                                  "not from one checkpoint, or were changed")
+            seen[g] = r
+    return {"version": STATE_VERSION, "kind": "global", "world_size": n, "seed": first["seed"], "sharding": sharding,
+            "order": order, "mode": mode, "epoch": first["epoch"], "num_positions": total, "done": ranges(seen),
+            "complete": all(row["complete"] for row in rows), "steps": [row["steps"] for row in rows],
+            "samples": max(row["samples"] for row in rows)}
+
+
+def _same_checkpoint(rows: list[dict], mode: str) -> None:
+    """Refuse states taken at different points (module docstring of `merge_states`)."""
+    live = [(r, row) for r, row in enumerate(rows) if not (mode == "join" and row["complete"])]
+    if not live:
+        return
+    steps = {row["steps"] for _, row in live}
+    samples = {row["samples"] for _, row in live}
+    if len(steps) > 1 or len(samples) > 1:
+        what = ", ".join(f"rank {r}: {row['steps']} steps, {row['samples']} samples" for r, row in live)
+        raise ConfigError(f"the states are from different checkpoints ({what}): every rank must be saved after the "
+                          "same optimizer step")
+    ended_late = [r for r, row in enumerate(rows) if mode == "join" and row["complete"]
+                  and row["steps"] > live[0][1]["steps"]]
+    if ended_late:
+        raise ConfigError(f"ranks {ended_late} finished after more steps than the others have taken: the states are "
+                          "from different checkpoints")
+
+
+def _check_common(state, *, seed: int, sharding: str) -> dict:
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"state must be a mapping from ODBDataLoader.state_dict, got {type(state).__name__}")
+    sd = dict(state)
+    version = sd.pop("version", None)
+    if version not in (2, STATE_VERSION) or isinstance(version, bool):
+        raise ConfigError(f"state version {version!r} is not supported (this loader reads 2 and {STATE_VERSION})")
+    for key, mine, why in (("seed", seed, "the sample order would change"),
+                           ("sharding", sharding, "positions would mean other samples")):
+        if key not in sd:
+            raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
+        got = sd.pop(key)
+        if got != mine or type(got) is not type(mine):
+            raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
+    return sd
+
+
+def _epoch(epoch) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ConfigError(f"state has epoch={epoch!r}; it must be an int >= 0")
+    return epoch
+
+
+def _rank_record(mine, rank: int) -> dict:
+    """A rank's entry, validated (version 2 entries have no steps or samples: 0)."""
+    if not isinstance(mine, Mapping):
+        raise ConfigError(f"state's rank_{rank} is a {type(mine).__name__}, not a mapping")
+    rec = dict(mine)
+    missing = {"done", "complete", "num_positions"} - set(rec)
+    if missing:
+        raise ConfigError(f"state's rank_{rank} lacks {sorted(missing)}")
+    out = {k: rec.pop(k) for k in ("done", "complete", "num_positions")}
+    out["steps"], out["samples"] = rec.pop("steps", 0), rec.pop("samples", 0)
+    if rec:
+        raise ConfigError(f"rank state has unknown keys {sorted(rec)}")
+    if not isinstance(out["complete"], bool):
+        raise ConfigError(f"state has complete={out['complete']!r}; it must be True or False (whether the last pass "
+                          "of the epoch ran to its end)")
+    num = out["num_positions"]
+    if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < -1):
+        raise ConfigError(f"state has num_positions={num!r}; it must be None, -1 or an int >= 0")
+    for key in ("steps", "samples"):
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"state has {key}={v!r}; it must be an int >= 0")
+    return out
+
+
+def _positions(done, total) -> set:
+    """The positions of a state's yielded ranges, validated: pairs ``[a, b)`` of ints, increasing,
+    disjoint, inside the order (``total``; -1 or None: no upper bound)."""
+    total = -1 if total is None else total
     if not isinstance(done, (list, tuple)):
         raise ConfigError(f"state's done is a {type(done).__name__}; it must be a list of [start, stop] ranges")
     out: set = set()

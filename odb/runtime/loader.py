@@ -195,16 +195,21 @@ class ODBDataLoader:
                           f"{eng.error}", stacklevel=3)
 
     # -- checkpointing ------------------------------------------------------------------
+    def _order_kind(self) -> str:
+        return "stream" if self._source.iterable else ("sampler" if self.settings.sampler is not None else "own")
+
     def state_dict(self) -> dict:
-        """This rank's record of the current epoch (`odb.runtime.ledger`): save each rank's own state
-        and load each into the same rank (dealt: the next pass gathers every rank's record, so all
-        ranks resume together)."""
+        """This rank's record of the current epoch (`odb.runtime.ledger`).  Per rank: save each rank's
+        own state; resume each into the same rank, or merge every rank's (`odb.runtime.merge_states`)
+        to resume on any number of ranks.  Dealt: the next pass gathers every rank's record, so all
+        ranks resume together."""
         return self.ledger.state_dict(world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                      sharding=self.sharding)
+                                      sharding=self.sharding, order=self._order_kind(), mode=self.mode)
 
     def load_state_dict(self, state: Mapping) -> None:
-        """Resume from `state_dict()` of the same rank, world size, seed and sharding (strict: every field
-        is validated, see `odb.runtime.ledger.EpochLedger.load_state_dict`).  Refused while a pass is open."""
+        """Resume from this rank's `state_dict()` (same rank, world size, seed and sharding), or from a
+        merged state of any world size (`odb.runtime.merge_states`); strict: every field is validated
+        (`odb.runtime.ledger.EpochLedger.load_state_dict`).  Refused while a pass is open."""
         if self._open_pass():
             raise ConfigError(f"rank {self.rank}: load_state_dict while a pass is open; finish or close it first")
 
@@ -212,8 +217,12 @@ class ODBDataLoader:
             self.set_epoch(epoch)
             order = self._order()
             return -1 if order is None else len(order)
+        own = self._order_kind() == "own"
         self.ledger.load_state_dict(state, world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                    sharding=self.sharding, positions_of=positions_of)
+                                    sharding=self.sharding, order=self._order_kind(), positions_of=positions_of,
+                                    global_positions=len(self.dataset) if own else None)
+        if isinstance(state, Mapping) and state.get("kind") == "global":
+            self.set_epoch(self.ledger.epoch)  # the sampler and the dataset follow the merged state's epoch
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
