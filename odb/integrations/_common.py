@@ -353,8 +353,8 @@ class TrainStream:
         for key, mine in (("rank", self.loader.rank), ("world_size", self.loader.world_size)):
             got = sd.pop(key, None)
             if got != mine:
-                raise ConfigError(f"cannot resume: state has {key}={got!r}, this run has {mine!r}; "
-                                  "resume with the same number of ranks, each with its own state")
+                raise ConfigError(f"cannot resume: state has {key}={got!r}, this run has {mine!r}; load this rank's own "
+                                  "state, or every rank's merged for this rank (resharded_state: another world size)")
         self.loader.load_state_dict(sd.pop("loader"))
         self.progress.load_state_dict(sd.pop("progress"))
         if sd:
