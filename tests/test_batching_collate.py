@@ -32,8 +32,35 @@ def test_packed_collate_matches_the_flattening_layout():
     assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
     assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
     assert out["labels"].tolist() == [[-100, 6, 7, -100, 9]]
-    assert out["cu_seqlens"].tolist() == [0, 3, 5] and out["cu_seqlens"].dtype == torch.int32
-    assert out["max_seqlen"] == 3
+    assert out["cu_seq_lens_q"].tolist() == [0, 3, 5] and out["cu_seq_lens_q"].dtype == torch.int32
+    assert out["max_length_q"] == out["max_length_k"] == 3 and out["use_cache"] is False
+    assert "attention_mask" not in out  # an all-ones mask would turn SDPA's packed-sequence detection off
+
+
+@pytest.mark.adapters
+def test_packed_collate_gives_the_keys_and_values_transformers_flattening_collator_gives():
+    from transformers import DataCollatorWithFlattening
+
+    samples = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9, 4, 4], "labels": [8, 9, 4, -100]}]
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(samples)
+    ours = packed_collate(samples)
+    for key, v in theirs.items():
+        assert key in ours, key
+        got = ours[key]
+        assert (got.tolist() if isinstance(got, torch.Tensor) else got) == \
+            (v.tolist() if isinstance(v, torch.Tensor) else v), key
+
+
+def test_visual_inputs_are_joined_as_vision_towers_read_them():
+    patches = [{"input_ids": [1, 2], "pixel_values": torch.ones(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])},
+               {"input_ids": [3], "pixel_values": torch.ones(16, 6), "image_grid_thw": torch.tensor([[1, 4, 4]])}]
+    for fn in (pad_collate, packed_collate):
+        out = fn(patches)
+        assert out["pixel_values"].shape == (20, 6) and out["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
+    images = [{"input_ids": [1], "pixel_values": torch.zeros(3, 8, 8)}, {"input_ids": [2, 3], "pixel_values": torch.zeros(3, 8, 8)}]
+    assert pad_collate(images)["pixel_values"].shape == (2, 3, 8, 8)
+    with pytest.raises(SampleError, match="share a shape"):
+        pad_collate([images[0], {"input_ids": [2], "pixel_values": torch.zeros(3, 4, 4)}])
 
 
 @pytest.mark.parametrize("bad,match", [([], "empty batch"), ([{"labels": [1]}], "no 'input_ids'"),

@@ -7,6 +7,10 @@ torch collate helpers (`pad_collate`, `packed_collate`) live in
 without torch.
 """
 
+from .._identity import check as _check_identity
+
+_check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced ours
+
 from .base import AlignmentPolicy, CostModel, Sizes, call_partition, check_partition
 from .cost import BudgetCost, CallableCost, Resource, make_cost_model
 from .grouping import Group, pack
@@ -14,9 +18,9 @@ from .policy import BalancedPolicy, default_policy
 
 __all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "call_partition", "make_cost_model", "default_policy",
            "BalancedPolicy", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
-           "pad_collate", "packed_collate"]
+           "pad_collate", "packed_collate", "mrope_collate"]
 
-_COLLATE = {"pad_collate", "packed_collate"}
+_COLLATE = {"pad_collate", "packed_collate", "mrope_collate"}
 
 
 def __getattr__(name: str):

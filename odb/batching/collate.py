@@ -1,37 +1,48 @@
 """Collate helpers for one group of samples (imports torch; load lazily).
 
-Each sample is a mapping with ``input_ids`` (a 1-D int sequence or tensor) and
-optionally ``labels`` (same length; defaults to ``input_ids``).
+Each sample is a mapping with a 1-D ``input_ids`` and optionally ``labels`` (same length; defaults to
+``input_ids``).  Visual inputs ride along (`VISUAL_KEYS`, below).
 
-``pad_collate``      right-padded ``[batch, longest]`` tensors: ``input_ids``
-                     (padded with `pad_id`), ``labels`` (padded with -100, the
-                     ignore index of ``CrossEntropyLoss``) and ``attention_mask``
-                     (the samples' own, padded with 0, or 1 on every token).
-                     Any other key is kept: 1-D sequences are right-padded with
-                     `pad_id` into a tensor, numbers become a 1-D tensor, other
-                     values a list.  It is the runtime's default ``collate_fn``
-                     (``odb.runtime.pad_collate`` is this function).
-``packed_collate``   padding-free packing: one ``[1, total]`` row holding every
-                     sample back to back, ``position_ids`` restarting at 0 for each
-                     sample, ``labels`` with the first token of each sample set to
-                     -100 (so no token is predicted across a boundary), and
-                     ``cu_seqlens`` (int32 ``[batch + 1]``) and ``max_seqlen`` for
-                     varlen attention kernels.  This is the layout of
-                     ``transformers.DataCollatorWithFlattening`` (which models
-                     detect from restarting ``position_ids``).
+``pad_collate``      right-padded ``[batch, longest]`` tensors: ``input_ids`` (padded with `pad_id`),
+                     ``labels`` (padded with -100, the ignore index of ``CrossEntropyLoss``) and
+                     ``attention_mask`` (the samples' own, padded with 0, or 1 on every token).  Visual
+                     inputs are joined as vision towers read them; any other key: 1-D sequences are
+                     right-padded into a tensor, numbers become a 1-D tensor, equal-shaped tensors are
+                     stacked, anything else is a list.  The runtime's default ``collate_fn``.
+``packed_collate``   padding-free packing, the layout of ``transformers.DataCollatorWithFlattening``:
+                     one ``[1, total]`` row holding every sample back to back, ``position_ids``
+                     restarting at 0 for each sample, ``labels`` with each sample's first position set
+                     to -100 (no token is predicted across a boundary), and the varlen kernels' keys
+                     under the names transformers reads (``cu_seq_lens_q/k`` int32, ``max_length_q/k``).
+                     No ``attention_mask`` (an all-ones mask turns the packed-sequence detection off
+                     under SDPA), and ``use_cache=False`` (with a KV cache, sdpa, eager and flex
+                     attention build a causal mask over the whole row and mix the samples).  For mRoPE
+                     models (Qwen2-VL style), `mrope_collate` builds the position ids per sample.
+
+Loss targets: with `packed_collate` the targets of a causal LM's shifted loss are each sample's
+``labels[1:]``, which is what the loader counts with ``shift_labels=True`` (its default with a packed
+collate; ``False`` is refused there).
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from ..errors import SampleError
 
-__all__ = ["pad_collate", "packed_collate", "IGNORE_INDEX"]
+__all__ = ["pad_collate", "packed_collate", "mrope_collate", "IGNORE_INDEX", "VISUAL_KEYS", "PACKED_COLLATES"]
 
 IGNORE_INDEX = -100
+# How vision towers read per-sample visual inputs (transformers' Qwen2-VL, LLaVA): patch-flattened pixel
+# values [patches, dim] and per-image grids [images, 3] are concatenated along dim 0 (over the samples
+# that have an image: a batch may mix text-only and image samples); fixed-size images ([channels, height,
+# width]) are stacked into [batch, ...] (every sample needs one then).
+VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+# per token: 0 text, 1 image, 2 video (what a Qwen-VL processor returns); a text-only sample may omit it
+TOKEN_TYPES = "mm_token_type_ids"
+_OPTIONAL = VISUAL_KEYS + (TOKEN_TYPES,)
 
 
 def _rows(batch: Sequence[Mapping]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -52,11 +63,51 @@ def _rows(batch: Sequence[Mapping]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+def _same_keys(batch: Sequence[Mapping], skip: tuple[str, ...]) -> list[str]:
+    """The batch's keys (besides `skip`): the same in every sample, except the visual ones (`_OPTIONAL`)."""
+    keys = [k for k in batch[0] if k not in skip and k not in _OPTIONAL]
+    for j, s in enumerate(batch[1:], 1):
+        if [x for x in s if x not in skip and x not in _OPTIONAL] != keys:
+            raise SampleError(f"sample {j} of the batch has keys {sorted(s)}, sample 0 has {sorted(batch[0])}; "
+                              "every sample of a batch must carry the same keys")
+    return keys + [k for k in _OPTIONAL if any(k in s for s in batch)]
+
+
+def _types(batch: Sequence[Mapping], rows) -> list[torch.Tensor]:
+    """Every sample's token types (0 where a text-only sample has none)."""
+    out = []
+    for s, (ids, _) in zip(batch, rows):
+        t = torch.as_tensor(s[TOKEN_TYPES], dtype=torch.long).reshape(-1) if TOKEN_TYPES in s \
+            else torch.zeros_like(ids)
+        if t.shape != ids.shape:
+            raise SampleError(f"{TOKEN_TYPES} has {t.numel()} entries, input_ids {ids.numel()}")
+        out.append(t)
+    return out
+
+
+def _visual(key: str, batch: Sequence[Mapping]):
+    """One visual input of a batch, joined as the vision tower reads it (`VISUAL_KEYS`)."""
+    ts = [torch.as_tensor(s[key]) for s in batch if key in s]
+    if any(t.dim() < 2 for t in ts):
+        raise SampleError(f"{key} of a sample has shape {[tuple(t.shape) for t in ts]}; {key} must be "
+                          "[patches, dim] (patch-flattened), [images, 3] (grids) or an image tensor")
+    if key.endswith("grid_thw") or ts[0].dim() == 2:
+        return torch.cat(ts, dim=0)
+    if len(ts) != len(batch):
+        raise SampleError(f"{len(batch) - len(ts)} samples of a batch have no {key}; fixed-size images are stacked "
+                          "[batch, ...], so every sample needs one (or flatten images into patches)")
+    shapes = {tuple(t.shape) for t in ts}
+    if len(shapes) > 1:
+        raise SampleError(f"{key} has shapes {sorted(shapes)} in one batch; fixed-size images must share a shape "
+                          "(resize them in preprocessing), or flatten them into patches")
+    return torch.stack(ts)
+
+
 def pad_collate(batch: Sequence[Mapping], pad_id: int = 0) -> dict:
     """Right-pad a group to its longest sample (see the module docstring).
 
-    Raises SampleError for an empty group, a sample without ``input_ids`` or
-    with zero tokens, labels of another length, or samples whose keys differ.
+    Raises SampleError for an empty group, a sample without ``input_ids`` or with zero tokens, labels
+    of another length, samples whose keys differ, or visual inputs that cannot be joined.
     """
     rows = _rows(batch)
     L = max(ids.numel() for ids, _ in rows)
@@ -69,18 +120,18 @@ def pad_collate(batch: Sequence[Mapping], pad_id: int = 0) -> dict:
         labels[i, :n] = lab
         mask[i, :n] = 1
     out: dict = {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
-    keys = [k for k in batch[0] if k not in ("input_ids", "labels")]
-    for k, s in enumerate(batch[1:], 1):
-        if [x for x in s if x not in ("input_ids", "labels")] != keys:
-            raise SampleError(f"sample {k} of the batch has keys {sorted(s)}, sample 0 has {sorted(batch[0])}; "
-                              "every sample of a batch must carry the same keys")
-    for key in keys:
-        out[key] = _extra([s[key] for s in batch], 0 if key == "attention_mask" else pad_id)
+    for key in _same_keys(batch, ("input_ids", "labels")):
+        if key in VISUAL_KEYS:
+            out[key] = _visual(key, batch)
+        elif key == TOKEN_TYPES:
+            out[key] = _extra(_types(batch, rows), 0)
+        else:
+            out[key] = _extra([s[key] for s in batch], 0 if key == "attention_mask" else pad_id)
     return out
 
 
 def _extra(vals: list, fill: int):
-    """One extra key of `pad_collate`: padded 1-D sequences, a tensor of numbers, or a list."""
+    """One extra key of `pad_collate`: padded 1-D sequences, a tensor of numbers, stacked tensors, or a list."""
     v0 = vals[0]
     if isinstance(v0, (list, tuple, torch.Tensor)) and (not isinstance(v0, torch.Tensor) or v0.dim() == 1):
         seqs = [torch.as_tensor(v) for v in vals]
@@ -90,11 +141,19 @@ def _extra(vals: list, fill: int):
         return out
     if isinstance(v0, (bool, int, float)):
         return torch.tensor(vals)
+    if isinstance(v0, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.shape == v0.shape for v in vals):
+        return torch.stack(vals)
     return list(vals)
 
 
-def packed_collate(batch: Sequence[Mapping]) -> dict[str, torch.Tensor | int]:
-    """Concatenate a group into one padding-free row (see the module docstring)."""
+def packed_collate(batch: Sequence[Mapping], *, use_cache_key: bool = True) -> dict:
+    """Concatenate a group into one padding-free row (see the module docstring).
+
+    ``use_cache_key=False`` leaves ``use_cache`` out, for a model whose forward takes no such argument
+    (it must then not build a KV cache in training).  Visual inputs are joined as in `pad_collate` and
+    ``mm_token_type_ids`` concatenated; other per-sample keys (metadata such as an ``id``, a per-sample
+    ``attention_mask``) have no place in one packed row and are left out.
+    """
     rows = _rows(batch)
     lens = [ids.numel() for ids, _ in rows]
     labels = []
@@ -104,10 +163,59 @@ def packed_collate(batch: Sequence[Mapping]) -> dict[str, torch.Tensor | int]:
         labels.append(lab)
     cu = torch.zeros(len(rows) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0)
-    return {
+    out = {
         "input_ids": torch.cat([ids for ids, _ in rows]).unsqueeze(0),
         "labels": torch.cat(labels).unsqueeze(0),
         "position_ids": torch.cat([torch.arange(n, dtype=torch.long) for n in lens]).unsqueeze(0),
-        "cu_seqlens": cu,
-        "max_seqlen": max(lens),
+        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens),
     }
+    if use_cache_key:
+        out["use_cache"] = False
+    for key in _same_keys(batch, ("input_ids", "labels")):
+        if key in VISUAL_KEYS:
+            out[key] = _visual(key, batch)
+        elif key == TOKEN_TYPES:
+            out[key] = torch.cat(_types(batch, rows)).unsqueeze(0)
+    return out
+
+
+def mrope_collate(rope_index: Callable) -> Callable[[Sequence[Mapping]], dict]:
+    """`packed_collate` for mRoPE models (Qwen2-VL, Qwen2.5-VL): the position ids are built per sample and
+    restart at every sample boundary.
+
+    `rope_index` is the model's own position rule, e.g. ``model.model.get_rope_index`` of a transformers
+    ``Qwen2VLForConditionalGeneration``: called per sample as ``rope_index(input_ids[1, L],
+    mm_token_type_ids=[1, L], image_grid_thw=<that sample's grids or None>)``, it returns ``([3, 1, L],
+    deltas)``.  The batch's ``position_ids`` are ``[4, 1, total]``: the text positions (restarting per
+    sample: what transformers builds the packed attention mask from) over the three mRoPE rows.  Each
+    sample needs ``mm_token_type_ids`` (0 text, 1 image) when it holds an image.
+    """
+    def collate(batch: Sequence[Mapping]) -> dict:
+        out = packed_collate(batch)
+        pos = []
+        for k, s in enumerate(batch):
+            ids = torch.as_tensor(s["input_ids"], dtype=torch.long).reshape(1, -1)
+            types = torch.as_tensor(s.get("mm_token_type_ids", torch.zeros_like(ids)), dtype=torch.long).reshape(1, -1)
+            grid = s.get("image_grid_thw")
+            rows, _ = rope_index(ids, mm_token_type_ids=types,
+                                 image_grid_thw=None if grid is None else torch.as_tensor(grid))
+            if rows.shape != (3, 1, ids.shape[1]):
+                raise SampleError(f"rope_index returned position ids of shape {tuple(rows.shape)} for sample {k} of "
+                                  f"{ids.shape[1]} tokens; expected (3, 1, {ids.shape[1]})")
+            text = torch.arange(ids.shape[1], dtype=torch.long).view(1, 1, -1)
+            pos.append(torch.cat([text, rows.to(torch.long)], dim=0))
+        out["position_ids"] = torch.cat(pos, dim=2)
+        return out
+    collate.packs = True  # the loader counts labels[1:] with it, as with packed_collate
+    return collate
+
+
+PACKED_COLLATES = (packed_collate,)  # collates that mask each sample's first label (see `counts_shifted`)
+
+
+def counts_shifted(collate_fn) -> bool:
+    """True for a collate that masks each sample's first label (`packed_collate`, `mrope_collate`,
+    transformers' ``DataCollatorWithFlattening``): its loss targets are each sample's ``labels[1:]``."""
+    if collate_fn in PACKED_COLLATES or getattr(collate_fn, "packs", False):
+        return True
+    return type(collate_fn).__name__ == "DataCollatorWithFlattening"

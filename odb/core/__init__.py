@@ -5,6 +5,10 @@
 ``replica``  the replicated round decision (`Replicated`): proposal, target, deal, digest check
 """
 
+from .._identity import check as _check_identity
+
+_check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced ours
+
 from .header import REPLICATED, Header, HeaderLayout
 from .replica import Decision, Replicated, proposal_bounds, round_proposal, round_target, table_headers
 from .shared import GATHERED, Shared, describe_cost, describe_policy, mismatches

@@ -102,7 +102,47 @@ class LoaderStats:
     rounds: int = 0             # header collectives completed
     wait_time_s: float = 0.0    # time the consumer waited on the loader
     collective_s: float = 0.0   # time the engine waited in header collectives (includes peers' lag)
+    pass_time_s: float = 0.0    # wall time from each pass's first batch request to its end
     epochs: int = 0             # epochs run to completion
+    budget_use_sum: float = 0.0     # over real batches formed: the cost model's utilisation (largest cost/budget)
+    budget_batches: int = 0         # real batches formed (what budget_use_sum is summed over)
+    step_tokens_mean: float = 0.0   # over steps with tokens: every rank's tokens / world size (gathered)
+    step_tokens_max: int = 0        # over those steps: the largest rank's tokens (gathered)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    # -- the figures (ratios of the counters above; None where there is nothing to divide by) --
+    def padding_ratio(self) -> float | None:
+        """Padding positions over padded positions of this rank's real batches (``pad_collate``'s layout)."""
+        return None if not self.padded_tokens else 1.0 - self.real_tokens / self.padded_tokens
+
+    def budget_use(self) -> float | None:
+        """Mean utilisation of this rank's real batches (1.0: every batch exactly at its budget)."""
+        return None if not self.budget_batches else self.budget_use_sum / self.budget_batches
+
+    def token_balance(self) -> float | None:
+        """Straggler estimate from the gathered counts: sum over steps of the mean rank's tokens over the
+        largest rank's (1.0: every rank got the same tokens every step; step time taken as tokens)."""
+        return None if not self.step_tokens_max else self.step_tokens_mean / self.step_tokens_max
+
+    def wait_fraction(self) -> float | None:
+        """Share of the passes' wall time the consumer spent waiting for a batch."""
+        return None if not self.pass_time_s else min(1.0, self.wait_time_s / self.pass_time_s)
+
+    def figures(self) -> dict:
+        """The four ratios by name."""
+        return {"padding_ratio": self.padding_ratio(), "budget_use": self.budget_use(),
+                "token_balance": self.token_balance(), "wait_fraction": self.wait_fraction()}
+
+    def since(self, before: "LoaderStats") -> "LoaderStats":
+        """The numeric counters gathered after `before` (a copy taken earlier), as a LoaderStats."""
+        out = LoaderStats()
+        for k, v in asdict(self).items():
+            if isinstance(v, (int, float)):
+                setattr(out, k, v - getattr(before, k))
+        return out
+
+    def snapshot(self) -> "LoaderStats":
+        """A copy of the numeric counters (for `since`)."""
+        return LoaderStats(**{k: v for k, v in asdict(self).items() if isinstance(v, (int, float))})

@@ -333,6 +333,8 @@ class RankCore:
             sizes = tuple(it.sizes[0] for it in taken)
             b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
                       sizes, (sum(sizes), sum(it.labels for it in taken), len(taken)))
+            self.stats.budget_use_sum += self.cost.utilisation([it.sizes for it in taken])
+            self.stats.budget_batches += 1
         self._held.append(b)
         self._counts[3 * k:3 * k + 3] = b.counts
 
@@ -379,6 +381,9 @@ class RankCore:
             g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
             loc, basis_g = b.counts, g[self.loss_slot]
             scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
+            if g[0] > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
+                self.stats.step_tokens_max += max(h.counts[3 * k] for h in rows)
+                self.stats.step_tokens_mean += g[0] / self.world_size
             if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
                 self.stats.zero_label_steps += 1
             self._labels_seen += g[1]

@@ -3,6 +3,10 @@
 This is the only package of ``odb`` that imports ``torch.distributed``.
 """
 
+from .._identity import check as _check_identity
+
+_check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced ours
+
 from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
 from ..core.info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
 from .ledger import merge_states

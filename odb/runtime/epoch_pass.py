@@ -26,6 +26,7 @@ from ..errors import ConfigError, ProtocolError, SampleError
 from ..protocol.table import DGAP, MODES
 from .engine import CLOSED, FAILED, Engine
 from .ledger import ranges
+from .observe import PassObserver
 from .source import _measure
 from .trace import TraceWriter, trace_path
 
@@ -38,7 +39,7 @@ __all__ = ["Pass", "start_engine", "first_usable", "no_template", "check_filler"
 def sample_fits(sample, cost, settings) -> bool:
     """The sample, measured as the loader measures it, fits the budget (False if it cannot be measured)."""
     try:
-        return cost.fits([_measure(sample, settings.length_fn, settings.shift_labels)[0]])
+        return cost.fits([_measure(sample, settings.length_fn, bool(settings.shift_labels))[0]])
     except Exception:
         return False
 
@@ -46,7 +47,7 @@ def sample_fits(sample, cost, settings) -> bool:
 def check_filler(sample, cost, settings) -> None:
     """Raise ConfigError unless a user's ``filler_sample`` can be measured and fits the budget."""
     try:
-        sizes, _ = _measure(sample, settings.length_fn, settings.shift_labels)
+        sizes, _ = _measure(sample, settings.length_fn, bool(settings.shift_labels))
     except Exception as e:
         raise ConfigError(f"filler_sample cannot be measured ({type(e).__name__}: {e}); pass a processed "
                           "sample like the dataset's") from None
@@ -103,6 +104,8 @@ class Pass:
         self._unemitted0 = loader.stats.unemitted
         self.epoch = eng.epoch
         self.open = True
+        total = len(loader.dataset) if loader._order_kind() == "own" else None
+        self._observer = PassObserver(loader, self.epoch, total)
 
     def __iter__(self) -> "Pass":
         return self
@@ -129,6 +132,7 @@ class Pass:
             raise
         self.open = False
         loader.end_pass(self._unemitted0)
+        self._observer.end(loader, completed=True)
         raise StopIteration
 
     def _get(self):
@@ -166,11 +170,13 @@ class Pass:
             st.samples += len(b.samples)
             st.real_tokens += sum(b.sizes)
             st.padded_tokens += len(b.sizes) * max(b.sizes)
+        self._observer.batch(info)
         return batch
 
     def _stop(self, status: int) -> None:
         if self.open:
             self.open = False
+            self._observer.end(self._loader, completed=False)
             self._eng.stop(status)
             self._loader.join_engine(self._eng)
 

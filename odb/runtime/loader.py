@@ -83,17 +83,19 @@ class ODBDataLoader:
         iterable = isinstance(dataset, IterableDataset)
         self.sharding = s.resolved_sharding(iterable)
         self.mode, self.loss_basis, self.seed, self.timeout_s = s.mode, s.loss_basis, s.seed, float(s.timeout_s)
+        self.shift_labels = s.resolved_shift(self.collate_fn)
         self.cost, self.policy = s.cost_and_policy()
         if s.filler_sample is not None:
             check_filler(s.filler_sample, self.cost, s)
         self.layout = header_layout(int(self.policy.summary_len), s.buffer_size)
         own_order = s.sampler is None and not iterable
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
-                               policy=self.policy, num_positions=len(dataset) if own_order else None)
+                               policy=self.policy, num_positions=len(dataset) if own_order else None,
+                               shift_labels=self.shift_labels)
         self._source = Source(dataset, length_fn=s.length_fn, num_workers=s.num_workers,
                               prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers,
                               multiprocessing_context=s.multiprocessing_context, worker_init_fn=s.worker_init_fn,
-                              shift_labels=s.shift_labels, worker_timeout_s=float(s.timeout_s))
+                              shift_labels=self.shift_labels, worker_timeout_s=float(s.timeout_s))
         self._group = LoaderGroup(s.process_group, self.timeout_s)
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._aheads = self._group.agree(self.shared, self._source.ahead)  # every rank's prefetch, gathered

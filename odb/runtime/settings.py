@@ -44,6 +44,7 @@ RANK_LOCAL = {
     "process_group": "which group; its members are compared by creating the group",
     "timeout_s": "how long this rank waits",
     "trace_dir": "where this rank writes its trace",
+    "progress": "display only: a bar of the gathered sample counts on the ranks that ask for one",
 }
 
 
@@ -91,10 +92,13 @@ class LoaderSettings:
     """A sample over budget: "alone" (a batch of its own), "skip" or "error"; counted in ``stats.oversize``."""
     loss_basis: str = "label_tokens"
     """What ``StepInfo.loss_scale`` averages over: "label_tokens", "tokens" or "samples"."""
-    shift_labels: bool = False
+    shift_labels: bool | None = None
     """Count label tokens as a causal LM's loss sees them, among ``labels[1:]`` of each sample (Hugging
-    Face ``*ForCausalLM`` shifts labels by one); False: the labels as given.  A sample without
-    ``labels`` counts its ``input_ids`` (what the default collate builds)."""
+    Face ``*ForCausalLM`` shifts labels by one); False: the labels as given.  None (default): True with
+    a packing collate (`odb.batching.collate.packed_collate`, `mrope_collate`, transformers'
+    ``DataCollatorWithFlattening``: they mask each sample's first label, so ``labels[1:]`` are exactly
+    the targets), else False; False with a packing collate is refused (it would count one target per
+    sample too many).  A sample without ``labels`` counts its ``input_ids`` (what the collates build)."""
     length_fn: Callable | None = None
     """sample -> int or tuple of ints (sizes per resource, tokens first); default the length of a 1-D
     ``input_ids``.  Runs in the workers (picklable under spawn).  Length 0 samples are counted and skipped."""
@@ -109,6 +113,9 @@ class LoaderSettings:
     it to at least the longest pause of one rank between two batches (default: torch.distributed's)."""
     trace_dir: str | None = None
     """If set, every rank writes a JSONL trace per pass (`odb.runtime.trace`)."""
+    progress: bool = False
+    """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
+    is not known ahead, the number of samples is); pass ``progress=(rank == 0)`` for one bar."""
 
     def __post_init__(self) -> None:
         def bad(name, want):
@@ -130,9 +137,11 @@ class LoaderSettings:
                             ("loss_basis", sorted(LOSS_BASES))):
             if getattr(self, name) not in valid:
                 bad(name, f"one of {valid}")
-        for name in ("shuffle", "shift_labels", "persistent_workers"):
+        for name in ("shuffle", "persistent_workers", "progress"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "True or False")
+        if self.shift_labels is not None and not isinstance(self.shift_labels, bool):
+            bad("shift_labels", "None, True or False")
         tb = self.token_budget
         if isinstance(self.cost, CostModel) and not isinstance(self.cost, (str, Mapping)):
             if tb is not None:
@@ -169,14 +178,28 @@ class LoaderSettings:
             else batching.make_cost_model(self.cost, self.token_budget)
         return cost, self.policy if self.policy is not None else batching.default_policy()
 
-    def shared(self, *, sharding: str, header_len: int, cost, policy, num_positions: int | None) -> Shared:
+    def resolved_shift(self, collate_fn) -> bool:
+        """``shift_labels`` for this collate (the field's docstring); ConfigError for False with a packing one."""
+        from ..batching.collate import counts_shifted
+
+        packs = counts_shifted(collate_fn)
+        if self.shift_labels is None:
+            return packs
+        if packs and not self.shift_labels:
+            raise ConfigError("shift_labels=False with a packing collate: it masks each sample's first label, so the "
+                              "loss targets are each sample's labels[1:] and counting labels as given would count one "
+                              "per sample too many; leave shift_labels at its default (None) or pass True")
+        return self.shift_labels
+
+    def shared(self, *, sharding: str, header_len: int, cost, policy, num_positions: int | None,
+               shift_labels: bool) -> Shared:
         """The compared settings (`COMPARED`) as `odb.core.shared.Shared`; ``num_positions`` is the length
         of the loader's own order (None: each rank brings its own samples)."""
         order = "own" if num_positions is None else \
             f"shuffle={self.shuffle} seed={self.seed} positions={num_positions}"
         return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size,
                       mode=self.mode, sharding=sharding, header_len=header_len, policy=describe_policy(policy),
-                      cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=self.shift_labels,
+                      cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=shift_labels,
                       order=order)
 
     @classmethod

@@ -216,6 +216,16 @@ MUTANTS: tuple[CodeMutant, ...] = (
                'if coll["summaries"] != summaries:', "if False:",
                (C + "test_a_tampered_trace_is_rejected[tamper_summary]",),
                "the checker does not compare received summaries with posted ones"),
+    # -- what the loader reports -------------------------------------------------------------------------------
+    CodeMutant("straggler_from_own_tokens", "odb/core/rank.py",
+               "self.stats.step_tokens_max += max(h.counts[3 * k] for h in rows)",
+               "self.stats.step_tokens_max += b.counts[0]",
+               ("tests/test_observe.py::test_token_balance_is_the_gathered_straggler_estimate",),
+               "the straggler estimate reads this rank's tokens instead of the gathered largest rank's"),
+    CodeMutant("padding_ratio_inverted", "odb/core/info.py",
+               "1.0 - self.real_tokens / self.padded_tokens", "self.real_tokens / self.padded_tokens",
+               ("tests/test_observe.py::test_the_pass_summary_is_logged_with_figures_recomputed_from_the_batches",),
+               "the padding ratio reports the real share instead of the padding share"),
 )
 
 

@@ -1,0 +1,73 @@
+"""What a pass tells its user: a summary per completed pass on ``logging.getLogger("odb")``, and an
+optional progress bar counted in samples.
+
+The summary is logged at INFO by every rank, for its own batches, with the straggler estimate from
+the gathered counts (`odb.core.info.LoaderStats.token_balance`).  The bar counts every rank's samples
+(each step's gathered ``global_samples``), so it reads the same on every rank that shows one; its total
+is the dataset's length when the loader owns the order (one epoch of every rank), else unknown.  In
+JOIN mode a rank's bar stops when its own data ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core.info import LoaderStats, StepInfo
+from ..errors import ConfigError
+
+__all__ = ["PassObserver", "summary_line", "LOG"]
+
+LOG = logging.getLogger("odb.runtime")  # a child of "odb": configure that one
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def summary_line(s: LoaderStats, *, epoch: int, rank: int, world_size: int) -> str:
+    """One line for the counters `s` of one pass (a `LoaderStats.since` delta)."""
+    f = s.figures()
+    bal = "n/a" if f["token_balance"] is None else f"{f['token_balance']:.3f}"
+    use = "n/a" if f["budget_use"] is None else f"{f['budget_use']:.3f}"
+    drops = [f"{n} {k}" for k, n in (("dropped", s.dropped), ("empty", s.empty), ("oversize", s.oversize),
+                                      ("oversize skipped", s.oversize_skipped), ("unemitted", s.unemitted),
+                                      ("zero-label steps", s.zero_label_steps)) if n]
+    return (f"odb epoch {epoch} rank {rank}/{world_size}: {s.steps} steps ({s.fillers} fillers), {s.samples} "
+            f"samples, {s.real_tokens} tokens; padding {_pct(f['padding_ratio'])} of padded tokens, budget use "
+            f"{use}, token balance {bal} (mean/max rank per step), waited {_pct(f['wait_fraction'])} of "
+            f"{s.pass_time_s:.2f} s, {s.rounds} rounds ({s.collective_s:.2f} s in collectives)"
+            + (f"; {', '.join(drops)}" if drops else ""))
+
+
+def make_bar(total: int | None, initial: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ConfigError("progress=True shows a tqdm bar, and tqdm is not installed: pip install tqdm, or leave "
+                          "progress=False (the per-epoch summary is logged to logging.getLogger('odb'))") from None
+    return tqdm(total=total, initial=initial, desc=desc, unit="sample", dynamic_ncols=True)
+
+
+class PassObserver:
+    """The summary and the bar of one pass of `loader` (module docstring)."""
+
+    def __init__(self, loader, epoch: int, total: int | None):
+        self._before, self._t0 = loader.stats.snapshot(), time.perf_counter()
+        self.epoch, self._bar = epoch, None
+        if loader.settings.progress:
+            self._bar = make_bar(total, loader.ledger.samples, f"odb epoch {epoch}")
+
+    def batch(self, info: StepInfo) -> None:
+        if self._bar is not None:
+            self._bar.update(info.global_samples)
+
+    def end(self, loader, completed: bool) -> None:
+        """Count the pass's wall time, close the bar; log the summary if the pass ran to its end."""
+        loader.stats.pass_time_s += time.perf_counter() - self._t0
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if completed and LOG.isEnabledFor(logging.INFO):
+            LOG.info(summary_line(loader.stats.since(self._before), epoch=self.epoch, rank=loader.rank,
+                                  world_size=loader.world_size))

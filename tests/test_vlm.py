@@ -1,0 +1,110 @@
+"""Vision-language batches: a tiny random Qwen2-VL (no download), a two-resource budget, and mRoPE packing.
+
+`pad_collate` joins per-image patches and grids as the vision tower reads them, and `mrope_collate` packs
+samples with images into one padding-free row whose mRoPE position ids restart at every sample; both
+give the loss of the samples computed apart.  The loader budgets text tokens and image patches apart
+(``cost={"tokens": ..., "image_patches": ...}``, ``token_budget=None``).
+"""
+
+import pytest
+import torch
+
+import odb
+from odb.batching import mrope_collate, pad_collate
+
+pytestmark = pytest.mark.adapters
+
+IMAGE, START, END = 70, 72, 73
+GRIDS = [(1, 2, 2), None, (1, 4, 2), (1, 2, 4)]  # per sample: its image's (t, h, w) patch grid, or no image
+TEXT = [5, 9, 3, 6]
+
+
+def _model():
+    import warnings
+
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = Qwen2VLConfig(
+            text_config=dict(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                             rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, bos_token_id=1, eos_token_id=2),
+            vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2,
+                               temporal_patch_size=1, spatial_merge_size=2, in_channels=3),
+            image_token_id=IMAGE, video_token_id=71, vision_start_token_id=START, vision_end_token_id=END)
+    cfg._attn_implementation = "sdpa"
+    return Qwen2VLForConditionalGeneration(cfg).eval()
+
+
+def _samples():
+    """Chat-like samples: an image block (start, merged image tokens, end) then text; labels on the text."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for grid, n in zip(GRIDS, TEXT):
+        text = torch.randint(3, 60, (n,), generator=g).tolist()
+        s = {"input_ids": text, "labels": text}
+        if grid is not None:
+            t, h, w = grid
+            merged = t * h * w // 4  # spatial_merge_size 2: 2 x 2 patches per image token
+            ids = [START] + [IMAGE] * merged + [END] + text
+            s = {"input_ids": ids, "labels": [-100] * (merged + 2) + text,
+                 "mm_token_type_ids": [0] + [1] * merged + [0] * (n + 1),
+                 "pixel_values": torch.randn(t * h * w, 3 * 2 * 2, generator=g), "image_grid_thw": [[t, h, w]]}
+        out.append(s)
+    return out
+
+
+def _alone(model, s) -> tuple[float, int]:
+    kw = {"input_ids": torch.tensor([s["input_ids"]]), "labels": torch.tensor([s["labels"]])}
+    if "pixel_values" in s:
+        kw.update(pixel_values=s["pixel_values"], image_grid_thw=torch.tensor(s["image_grid_thw"]),
+                  mm_token_type_ids=torch.tensor([s["mm_token_type_ids"]]))
+    n = int((kw["labels"][:, 1:] != -100).sum())
+    return model(**kw).loss.item() * n, n
+
+
+def test_an_mrope_packed_row_has_the_loss_of_its_samples_computed_apart():
+    model, samples = _model(), _samples()
+    with torch.no_grad():
+        alone = [_alone(model, s) for s in samples]
+        total, targets = sum(a for a, _ in alone), sum(n for _, n in alone)
+        batch = mrope_collate(model.model.get_rope_index)(samples)
+        assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
+        packed = model(**batch).loss.item()
+    assert packed * targets == pytest.approx(total, rel=1e-5, abs=1e-5)
+
+
+def test_the_default_collate_batches_images_for_the_vision_tower_and_matches_the_samples_apart():
+    model, samples = _model(), _samples()  # text-only and image samples in one batch
+    with torch.no_grad():
+        alone = [_alone(model, s) for s in samples]
+        batch = pad_collate(samples)
+        assert isinstance(batch["pixel_values"], torch.Tensor) and batch["image_grid_thw"].shape == (3, 3)
+        out = model(**batch)  # it used to fail: pixel_values came as a list
+    targets = sum(n for _, n in alone)
+    assert out.loss.item() * targets == pytest.approx(sum(a for a, _ in alone), rel=1e-5, abs=1e-5)
+
+
+def test_a_two_resource_budget_is_passed_as_documented_and_bounds_both():
+    samples = _samples()
+
+    class Ds(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(samples)
+
+        def __getitem__(self, i):
+            return samples[i]
+
+    def sizes(s):  # tokens, image patches
+        return len(s["input_ids"]), (0 if "pixel_values" not in s else int(s["pixel_values"].shape[0]))
+    cost = {"tokens": 40, "image_patches": ("packed", 10)}
+    with odb.ODBDataLoader(Ds(), None, pad_collate, cost=cost, length_fn=sizes, buffer_size=4) as loader:
+        seen = []
+        for b in loader:
+            info = odb.pop_step_info(b)
+            patches = sum(sizes(samples[i])[1] for i in info.indices)
+            assert patches <= 10 or len(info.indices) == 1
+            seen += info.indices
+    assert sorted(seen) == list(range(len(samples)))
