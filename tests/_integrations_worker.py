@@ -47,6 +47,20 @@ def reference_grads(indices: list[int], seed: int = 0) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def token_mean_grads(model, samples) -> dict:
+    """Gradient, for `model`'s trainable parameters, of sum(token CE over every target of `samples`) /
+    (number of targets), one unpadded sample at a time; a sample is ``(input_ids, labels)`` (lists or
+    1-D tensors) and its targets are ``labels[1:]`` (the causal shift), -100 excluded."""
+    model.zero_grad(set_to_none=True)
+    samples = [(torch.as_tensor(i), torch.as_tensor(t)) for i, t in samples]
+    total = sum(int((t[1:] != -100).sum()) for _, t in samples)
+    for ids, tgt in samples:
+        logits = model(input_ids=ids[None]).logits[0, :-1]
+        loss = torch.nn.functional.cross_entropy(logits, tgt[1:], ignore_index=-100, reduction="sum") / total
+        loss.backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
 def compare(grads: dict, ref: dict) -> float:
     """Largest relative error over parameters."""
     worst = 0.0
@@ -343,13 +357,14 @@ def run_lightning(out_dir: str) -> dict:
 ROOT = os.path.dirname(HERE)
 
 
-def run_workers(framework: str, out_dir, nproc: int = 2, timeout_s: int = 150) -> list[dict]:
-    """Run this file under torch.distributed.run (gloo, free port); return the per-rank records."""
+def run_workers(framework: str, out_dir, nproc: int = 2, timeout_s: int = 150, script: str | None = None) -> list[dict]:
+    """Run this file (or `script`, whose ``__main__`` takes the same arguments and ends in `write_record`)
+    under torch.distributed.run (gloo, free port); return the per-rank records."""
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           os.path.abspath(__file__), framework, str(out_dir)]
+           os.path.abspath(script or __file__), framework, str(out_dir)]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(nproc)]
@@ -395,6 +410,11 @@ def main() -> None:
     rec = {"hf": run_hf, "plain": run_plain, "accelerate": run_accelerate, "lightning": run_lightning}[framework](
         out_dir)
     rec.pop("_before", None)
+    write_record(rec, out_dir)
+
+
+def write_record(rec: dict, out_dir: str) -> None:
+    """Write this rank's record as ``<out_dir>/rank<r>.json`` and tear the process group down."""
     rank, _ = rank_world()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(rec, f)

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 
 __all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
            "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss",
-           "make_loader", "option", "resharded_state"]
+           "make_loader", "option", "resharded_state", "grad_sync"]
 
 # loss_basis -> (local field, global field) of odb.StepInfo
 BASIS_FIELDS = {
@@ -243,12 +243,40 @@ def hf_schedule(name: str, total_samples: int, warmup_samples: int, **kwargs) ->
     return sched.lr_lambdas[0]
 
 
+@contextlib.contextmanager
+def grad_sync(model: torch.nn.Module, sync: bool):
+    """The gradient-sync context of one micro-step's forward and backward: the gradients are reduced
+    across ranks only when `sync` (``MicroStep.sync``: the last micro-step of the window).
+
+    * FSDP2 (a module after ``torch.distributed.fsdp.fully_shard``): ``model.set_requires_gradient_sync(sync)``,
+      set back to True on exit (the unsharded gradients accumulate until the sync step reduce-scatters them);
+    * DDP and FSDP1 (``FullyShardedDataParallel``): ``model.no_sync()`` unless `sync`;
+    * anything else (one rank, no wrapper): nothing.
+
+    Every rank must run the same sequence of contexts; the `MicroStep` windows give that in PAD and
+    QUOTA mode.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(bool(sync))
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif not sync and callable(getattr(model, "no_sync", None)):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
 def join_context(model: torch.nn.Module, mode: str):
     """``torch.distributed.algorithms.Join([model])`` in JOIN mode, else a null context.
 
     JOIN mode lets ranks run out of batches at different steps; a DDP model
     must then shadow the collectives of the ranks still training.  PAD and QUOTA
-    modes emit equal step counts and need nothing (and work with FSDP).
+    modes emit equal step counts and need nothing (and work with FSDP: see `grad_sync`).
     """
     if mode != "join":
         return contextlib.nullcontext()

@@ -2,7 +2,7 @@
 
 Use `ODBTrainer` in place of `Trainer`, `ODBSeq2SeqTrainer` in place of
 `Seq2SeqTrainer`, or put `ODBTrainerMixin` first in the bases of any other
-Trainer subclass (a TRL-style SFT trainer)::
+Trainer subclass (for TRL's ``SFTTrainer``: `odb.integrations.trl.ODBSFTTrainer`)::
 
     trainer = ODBTrainer(model=model, args=args, train_dataset=ds, data_collator=collate,
                          odb_loader_kwargs={"token_budget": 4096, "mode": "pad"})
@@ -35,10 +35,25 @@ class is patched:
   run stops after the optimizer step at which ``max_samples`` global samples
   (default ``num_train_epochs * len(train_dataset)``) have been emitted.  If
   ``args.max_steps <= 0`` it is set to the budget, an upper bound on optimizer
-  steps that the Trainer needs for its bookkeeping; a positive ``max_steps``
-  stays an extra cap.  The last window of the run is completed with
-  zero-weight repeats of its last batch so the optimizer steps at the same
-  micro-step on every rank.
+  steps that the Trainer needs for its bookkeeping (set before the Trainer
+  checks it, so an ``IterableDataset`` needs no ``max_steps``); a positive
+  ``max_steps`` stays an extra cap.  The last window of the run is completed
+  with zero-weight repeats of its last batch so the optimizer steps at the same
+  micro-step on every rank.  The progress bar counts global samples (of
+  ``max_samples``), and the logged ``epoch`` is ``samples / len(train_dataset)``
+  (for an ``IterableDataset``: the completed passes until one pass was seen
+  whole, then ``samples / samples of that pass``): the Trainer's own bar and
+  epoch are computed from ``max_steps``, which is only a bound here.
+* An ``IterableDataset`` (a ``datasets.IterableDataset`` after
+  ``split_dataset_by_node``, or any torch one that yields this rank's shard):
+  with ``max_samples`` the run stops there; without it, it runs
+  ``num_train_epochs`` whole passes (an int), and its end is the stream's end,
+  the same step on every rank in PAD mode.  Without ``max_samples`` the number
+  of samples is not known in advance, so only a schedule that needs no horizon
+  runs (``constant``, or ``constant_with_warmup`` with ``warmup_steps`` samples,
+  ``>= 1``); another is refused (`ConfigError`) rather than guessed.  The
+  loader forwards ``set_epoch`` to the dataset, so a shuffled
+  ``datasets.IterableDataset`` gets a new order every epoch.
 * Checkpoints: every rank writes ``odb_rank<r>.pt`` (loader state + progress)
   into the Trainer's ``checkpoint-<step>`` folder; ``train(resume_from_checkpoint=...)``
   restores it, and ``args.ignore_data_skip`` is set True because the loader
@@ -60,20 +75,26 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import warnings
 from typing import Any
 
 import torch
-from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers import ProgressCallback, Seq2SeqTrainer, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..errors import ConfigError
 from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, resharded_state,
-                      sample_scheduler, window_weights)
+                      sample_scheduler, weighted_loss, window_weights)
 
 __all__ = ["ODBTrainerMixin", "ODBTrainer", "ODBSeq2SeqTrainer", "STATE_FILE"]
 
 STATE_FILE = "odb_rank{rank}.pt"
+# max_steps of a run without a sample budget (an IterableDataset run by epochs): the Trainer needs a
+# positive bound; the stream's end stops the run
+_UNBOUNDED = 2 ** 62
+# schedules that need no horizon (the total number of samples), for a run without a sample budget
+_NO_HORIZON = ("constant", "constant_with_warmup")
 
 
 class _Window:
@@ -94,14 +115,24 @@ class _Window:
 
 
 class _EpochStream:
-    """The stream's epochs back to back, as one iterable of MicroSteps without ``__len__``."""
+    """The stream's epochs back to back, as one iterable of MicroSteps without ``__len__``.
 
-    def __init__(self, stream: TrainStream, max_epochs: int):
-        self.stream, self.max_epochs = stream, max_epochs
+    ``pass_samples``: the global samples of the first pass seen from its start to its end (None before),
+    the length of an epoch of an IterableDataset for the logged epoch.
+    """
+
+    def __init__(self, stream: TrainStream, max_epochs: int, resumed: bool):
+        self.stream, self.max_epochs, self.resumed = stream, max_epochs, resumed
+        self.pass_samples: int | None = None
 
     def __iter__(self):
+        partial = self.resumed  # a restored stream first finishes the epoch it stopped in
         while self.stream.progress.epoch < self.max_epochs:
+            start = self.stream.progress.samples
             yield from self.stream.epoch()
+            if not partial and self.pass_samples is None:
+                self.pass_samples = self.stream.progress.samples - start
+            partial = False
 
 
 class _ODBCallback(TrainerCallback):
@@ -111,8 +142,13 @@ class _ODBCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
         t.odb_progress.optimizer_steps = state.global_step
-        if t.odb_progress.samples >= t.odb_max_samples:
+        state.epoch = t.odb_epoch()  # the Trainer's own is step / max_steps-based; max_steps is only a bound
+        if t.odb_max_samples is not None and t.odb_progress.samples >= t.odb_max_samples:
             control.should_training_stop = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        state.epoch = self.trainer.odb_epoch()  # read by the final metrics
         return control
 
     def on_save(self, args, state, control, **kwargs):
@@ -126,6 +162,30 @@ class _ODBCallback(TrainerCallback):
         if self.trainer.odb_loader is not None:
             self.trainer.odb_loader.close()
         return control
+
+
+class _SampleProgress(ProgressCallback):
+    """The Trainer's progress bar, counted in global samples of ``max_samples`` (of no total without a
+    budget): the number of optimizer steps is decided online, so a bar over ``max_steps`` (a bound) would
+    stop short.  Evaluation bars and log lines are the parent's."""
+
+    def __init__(self, trainer: "ODBTrainerMixin"):
+        super().__init__()
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from tqdm.auto import tqdm
+
+        self.current_step = self.trainer.odb_progress.samples  # after a resume: the restored count
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(total=self.trainer.odb_max_samples, initial=self.current_step, unit="samples",
+                                     dynamic_ncols=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        samples = self.trainer.odb_progress.samples
+        if state.is_world_process_zero:
+            self.training_bar.update(samples - self.current_step)
+        self.current_step = samples
 
 
 def _resume_state(folder: str, loader) -> dict:
@@ -149,15 +209,38 @@ class ODBTrainerMixin:
     `odb.ODBDataLoader`, or an `odb.runtime.settings.LoaderSettings`; ``collate_fn`` defaults to ``data_collator``,
     ``seed`` to ``args.seed``, ``num_workers`` to ``args.dataloader_num_workers``)
     and ``max_samples`` (the sample budget; default
-    ``num_train_epochs * len(train_dataset)``).  After training,
+    ``num_train_epochs * len(train_dataset)``; for an IterableDataset, None runs
+    ``num_train_epochs`` whole passes: module doc).  After training,
     ``odb_progress`` holds the samples, micro-steps, optimizer steps and epochs
     run, and ``odb_loader.stats`` the loader's counters.
     """
 
     # The loss returned by compute_loss is normalized over the whole window (public Trainer switch).
     loss_is_scaled_for_ga = True
+    # Whether the parent's compute_loss returns a finite loss, connected to the graph, for a micro-batch
+    # without any label token.  False for the Trainer's (a transformers model's mean is 0/0 = nan there), so
+    # a zero-weight micro-batch asks for the outputs (same forward) and backpropagates logits.sum() * 0;
+    # True where the parent clamps its token count (TRL's SFTTrainer), which then needs no outputs.
+    odb_finite_loss_without_labels = False
 
     def __init__(self, *args, odb_loader_kwargs=None, max_samples: int | None = None, **kwargs):
+        sft = getattr(sys.modules.get("trl.trainer.sft_trainer"), "SFTTrainer", None)
+        if sft is not None and isinstance(self, sft) and not self.odb_finite_loss_without_labels:
+            raise ConfigError(
+                f"{type(self).__name__} puts ODBTrainerMixin over TRL's SFTTrainer: SFTTrainer recomputes the outputs "
+                "without gradients when they are asked for, which the mixin does for a PAD filler (the backward "
+                "then fails, and every micro-step would cost a second forward); use "
+                "odb.integrations.trl.ODBSFTTrainer, or ODBSFTTrainerMixin first in the bases of your subclass")
+        if max_samples is not None and (isinstance(max_samples, bool) or int(max_samples) != max_samples
+                                        or max_samples <= 0):
+            raise ConfigError(f"max_samples must be a positive int (global samples), got {max_samples!r}")
+        # An IterableDataset: the Trainer refuses max_steps <= 0 in its constructor; set the bound first
+        # (Trainer(model, args, data_collator, train_dataset, ...), positionally or by keyword).
+        targs = kwargs.get("args", args[1] if len(args) > 1 else None)
+        train_dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
+        if targs is not None and train_dataset is not None and not hasattr(train_dataset, "__len__") \
+                and targs.max_steps <= 0:
+            targs.max_steps = int(max_samples) if max_samples is not None else _UNBOUNDED
         super().__init__(*args, **kwargs)
         self.odb_loader_kwargs = dict(odb_loader_kwargs or {}) if not hasattr(odb_loader_kwargs, "buffer_size") \
             else odb_loader_kwargs  # a dict of ODBDataLoader keywords or an odb.runtime.settings.LoaderSettings
@@ -167,34 +250,72 @@ class ODBTrainerMixin:
                 "Join, so a rank that runs out of batches first would leave its peers blocked in the "
                 "gradient all-reduce; use mode='pad' (the default: equal step counts, zero-weight fillers)")
         self.odb_stream: TrainStream | None = None
+        self._odb_epochs: _EpochStream | None = None
         self.odb_loader = None
         self._odb_resume_dir: str | None = None
-        if max_samples is None:
-            if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
-                raise ConfigError("ODBTrainer needs max_samples when train_dataset has no len(); "
-                                  "pass max_samples=<global samples to train on>")
-            max_samples = int(self.args.num_train_epochs * len(self.train_dataset))
-        if max_samples <= 0:
-            raise ConfigError(f"max_samples must be positive, got {max_samples}")
-        self.odb_max_samples = int(max_samples)
+        if self.train_dataset is None:
+            raise ConfigError("ODBTrainer: training requires a train_dataset")
+        self._odb_len = len(self.train_dataset) if hasattr(self.train_dataset, "__len__") else None
+        if max_samples is None and self._odb_len is not None:
+            max_samples = int(self.args.num_train_epochs * self._odb_len)
+            if max_samples <= 0:
+                raise ConfigError(f"num_train_epochs * len(train_dataset) = {max_samples}: nothing to train on")
+        self.odb_max_samples = int(max_samples) if max_samples is not None else None
+        if self.odb_max_samples is None:
+            self._odb_check_unbounded()
         if self.args.max_steps <= 0:
-            self.args.max_steps = self.odb_max_samples
+            self.args.max_steps = self.odb_max_samples or _UNBOUNDED
         self.args.ignore_data_skip = True
         if self.args.warmup_steps >= 1:
             warnings.warn(f"ODBTrainer runs the LR schedule on samples: warmup_steps={self.args.warmup_steps} "
                           "is read as a number of samples; use warmup_steps < 1 for a share of the sample budget")
+        shares = [k for k in ("logging_steps", "save_steps", "eval_steps")
+                  if 0 < (getattr(self.args, k, None) or 0) < 1]
+        if shares:
+            warnings.warn(f"{', '.join(shares)} < 1 is a share of max_steps={self.args.max_steps}, which ODBTrainer "
+                          "sets to the sample budget, an upper bound on optimizer steps (their number is decided "
+                          "online); the share would be of that bound: give a number of optimizer steps (>= 1)")
+        if self.pop_callback(ProgressCallback) is not None:  # present unless disable_tqdm
+            self.add_callback(_SampleProgress(self))
         self.add_callback(_ODBCallback(self))
+
+    def _odb_check_unbounded(self) -> None:
+        """A run without a sample budget (an IterableDataset by epochs): whole passes, a schedule without horizon."""
+        epochs = self.args.num_train_epochs
+        if int(epochs) != epochs or epochs < 1:
+            raise ConfigError(
+                f"ODBTrainer with an IterableDataset and num_train_epochs={epochs}: a share of a pass over a stream "
+                "of unknown length cannot be found in advance; give a whole number of epochs, or "
+                "max_samples=<global samples to train on>")
+        name = str(getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type))
+        if name not in _NO_HORIZON or (name == "constant_with_warmup" and 0 < self.args.warmup_steps < 1):
+            raise ConfigError(
+                f"ODBTrainer with an IterableDataset and no max_samples: lr_scheduler_type={name!r} needs the total "
+                "number of samples (its horizon), which a stream does not tell in advance, and guessing it would "
+                "give another schedule; pass max_samples=<global samples to train on> (the run then also stops "
+                "there), or use lr_scheduler_type='constant' (or 'constant_with_warmup' with warmup_steps >= 1, "
+                "read as samples)")
 
     # -- data ---------------------------------------------------------------------------------------------
     def _odb_max_epochs(self) -> int:
-        if hasattr(self.train_dataset, "__len__") and len(self.train_dataset) > 0:
-            return -(-self.odb_max_samples // len(self.train_dataset))
-        return 2 ** 62  # IterableDataset: the sample budget alone ends the run
+        if self.odb_max_samples is None:
+            return int(self.args.num_train_epochs)  # an IterableDataset by epochs: whole passes
+        if self._odb_len:
+            return -(-self.odb_max_samples // self._odb_len)
+        return _UNBOUNDED  # IterableDataset: the sample budget alone ends the run
+
+    def odb_epoch(self) -> float:
+        """Epochs run: ``samples / len(train_dataset)``; for an IterableDataset, ``samples / (samples of
+        one pass)`` once a whole pass was seen (every pass of a stream is taken to be as long as the first),
+        the completed passes before."""
+        p = self.odb_progress
+        if self._odb_len:
+            return p.samples / self._odb_len
+        seen = self._odb_epochs.pass_samples if self._odb_epochs is not None else None
+        return p.samples / seen if seen else float(p.epoch)
 
     def get_train_dataloader(self):
         """The train stream over an `odb.ODBDataLoader` (module doc); restores it when resuming."""
-        if self.train_dataset is None:
-            raise ConfigError("ODBTrainer: training requires a train_dataset")
         if self.odb_loader is not None:
             self.odb_loader.close()
         self.odb_loader = make_loader(self.train_dataset, self.odb_loader_kwargs, collate_fn=self.data_collator,
@@ -202,7 +323,8 @@ class ODBTrainerMixin:
         self.odb_stream = TrainStream(self.odb_loader, 1, max_samples=self.odb_max_samples)
         if self._odb_resume_dir is not None:
             self.odb_stream.load_state_dict(_resume_state(self._odb_resume_dir, self.odb_loader))
-        return _EpochStream(self.odb_stream, self._odb_max_epochs())
+        self._odb_epochs = _EpochStream(self.odb_stream, self._odb_max_epochs(), self._odb_resume_dir is not None)
+        return self._odb_epochs
 
     @property
     def odb_progress(self) -> TrainProgress:
@@ -218,6 +340,9 @@ class ODBTrainerMixin:
             except StopIteration:
                 break
         if not batches:
+            # The stream ended (the last epoch of a run by epochs, or QUOTA mode ended an epoch short of the
+            # budget): the same step on every rank; the Trainer leaves its loop on this flag.
+            self.control.should_training_stop = True
             return [], None
         infos = [ms.info for ms in batches]
         batches = [ms.batch for ms in batches]
@@ -256,22 +381,25 @@ class ODBTrainerMixin:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         weight = num_items_in_batch.take()
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=None)
-        if weight == 0.0:
+        if weight != 0.0 or self.odb_finite_loss_without_labels:
+            # one forward; the outputs only if the caller asked (a parent may recompute them: TRL does)
+            res = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
+            loss, outputs = res if return_outputs else (res, None)
+            loss = loss * weight
+        else:
             # A zero-weight batch may have no label at all (mean = 0/0 = nan); keep a graph through every
             # parameter that reached the output so DDP's all-reduce still runs, with zero gradient.
-            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[1]
-            loss = logits.sum() * 0.0
-        else:
-            loss = loss * weight
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=None)
+            loss = weighted_loss(outputs, 0.0)
         return (loss, outputs) if return_outputs else loss
 
     # -- schedule and resume -------------------------------------------------------------------------------
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The ``args.lr_scheduler_type`` schedule over the sample budget, advanced by emitted samples."""
         if self.lr_scheduler is None:
-            fn = hf_schedule(self.args.lr_scheduler_type, self.odb_max_samples,
-                             self.args.get_warmup_steps(self.odb_max_samples), **(self.args.lr_scheduler_kwargs or {}))
+            horizon = self.odb_max_samples or _UNBOUNDED  # unbounded: a schedule without horizon (checked)
+            fn = hf_schedule(self.args.lr_scheduler_type, horizon, self.args.get_warmup_steps(horizon),
+                             **(self.args.lr_scheduler_kwargs or {}))
             self.lr_scheduler = sample_scheduler(optimizer or self.optimizer, self.odb_progress, fn)
         return self.lr_scheduler
 
