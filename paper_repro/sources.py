@@ -2,7 +2,8 @@
 
 A source is built by `batch_source(method, ds, spec, rank, world_size)` and has ``epoch(e)``
 yielding ``(batch, meta)`` for this rank (meta: ``local_samples``, ``global_samples`` this step on
-all ranks, ``real_tokens``, ``padded_tokens``, ``filler`` and ``scale``, the loss multiplier),
+all ranks, ``real_tokens``, ``padded_tokens``, ``filler``, ``scale``, the loss multiplier, and
+``indices``, the dataset indices in the batch, empty for a filler: the trainer checks exactly-once),
 ``join_context(ddp)``, ``setup_s`` (the one-off length-cache cost of GMT/BMT) and ``notes``.
 A method whose package is missing raises `MethodUnavailable` (reported, never silently skipped).
 Imports run one way: `paper_repro.train` -> this module -> `paper_repro.workloads`.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from .data import collate_pad, sample_len
 from .workloads import max_len_bound
@@ -26,10 +27,11 @@ class MethodUnavailable(RuntimeError):
     """A method's implementation is not importable here (reported, never silently skipped)."""
 
 
-def _meta(items_or_batch: dict, local: int, global_: int, scale: float = 1.0, filler: bool = False) -> dict:
+def _meta(items_or_batch: dict, local: int, global_: int, indices, scale: float = 1.0, filler: bool = False) -> dict:
     m = items_or_batch["attention_mask"]
     return {"local_samples": local, "global_samples": global_, "real_tokens": int(m.sum()) if not filler else 0,
-            "padded_tokens": int(m.numel()), "filler": filler, "scale": scale}
+            "padded_tokens": int(m.numel()), "filler": filler, "scale": scale,
+            "indices": [] if filler else [int(i) for i in indices]}
 
 
 class FixedBatches:
@@ -48,11 +50,14 @@ class FixedBatches:
         return contextlib.nullcontext()
 
     def epoch(self, e: int):
+        # What DataLoader(batch_size=bs, sampler=..., num_workers=0) does (fetch each index in the
+        # caller's thread, then collate), with the indices kept for the exactly-once check.
         self.sampler.set_epoch(e)
-        dl = DataLoader(self.ds, batch_size=self.bs, sampler=self.sampler, collate_fn=collate_pad, num_workers=0)
-        for b in dl:
-            k = int(b["input_ids"].shape[0])
-            yield b, _meta(b, k, k * self.world_size)
+        order = list(self.sampler)
+        for i in range(0, len(order), self.bs):
+            idx = order[i:i + self.bs]
+            b = collate_pad([self.ds[j] for j in idx])
+            yield b, _meta(b, len(idx), len(idx) * self.world_size, idx)
 
 
 def fixed_batch_size(method: str, spec: dict) -> int:
@@ -65,22 +70,30 @@ def fixed_batch_size(method: str, spec: dict) -> int:
     raise ValueError(f"{method!r} is not a fixed-batch method; valid: 'standard1', 'standard1_noacc', 'standardB'")
 
 
-def build_length_cache(ds) -> tuple[list[int], float]:
+def build_length_cache(ds, rank: int = 0, world_size: int = 1) -> tuple[list[int], float]:
     """Run the whole pipeline once to record every sample's post-pipeline length.
 
-    This is what an offline sampler (GMT/BMT) needs before training can start;
-    returns (lengths, seconds).  For an augmented workload the cache is built
-    at epoch 0 and is stale afterwards (reported in the notes by the caller).
+    This is what an offline sampler (GMT/BMT) needs before training can start.  The pass is
+    sharded: this rank preprocesses indices ``rank::world_size`` and the ranks exchange their
+    lengths (one all-gather when world_size > 1), the cheapest way for the oracles.  Returns
+    (lengths, seconds on this rank, the exchange included).  For an augmented workload the cache
+    is built at epoch 0 and is stale afterwards (reported in the notes by the caller).
     """
     t = time.perf_counter()
     if hasattr(ds, "set_epoch"):
         ds.set_epoch(0)
-    lengths = [sample_len(ds[i]) for i in range(len(ds))]
-    return lengths, time.perf_counter() - t
+    mine = {i: sample_len(ds[i]) for i in range(rank, len(ds), world_size)}
+    if world_size > 1:
+        import torch.distributed as dist
+
+        parts: list = [None] * world_size
+        dist.all_gather_object(parts, mine)  # SYNC: every rank of an offline method builds its cache here
+        mine = {i: n for part in parts for i, n in part.items()}
+    return [mine[i] for i in range(len(ds))], time.perf_counter() - t
 
 
 class OfflineBatches:
-    """GMT / BMT from `odb.baselines`, fed a length cache this rank builds first.
+    """GMT / BMT from `odb.baselines`, fed a length cache the ranks build first (sharded).
 
     The schedule's steps are shuffled per epoch with the run's seed (fairseq
     shuffles its token-budget batches the same way; without it GMT would train
@@ -98,14 +111,14 @@ class OfflineBatches:
         except ImportError as e:
             raise MethodUnavailable(f"{method}: odb.baselines is not importable ({e})") from None
         self.ds, self.rank, self.world_size, self.seed = ds, rank, world_size, spec["seed"]
-        lengths, self.setup_s = build_length_cache(ds)
+        lengths, self.setup_s = build_length_cache(ds, rank, world_size)
         cost = make_cost_model("padded", spec["budget"])
         sizes = [(x,) for x in lengths]
         if method == "gmt":
             self.schedule = global_max_tokens(sizes, cost, world_size)
         else:
             self.schedule = bucketed_max_tokens(sizes, cost, world_size, bucket=spec.get("bmt_bucket", 4096))
-        self.notes = (f"length cache {self.setup_s:.2f}s for {len(ds)} samples; "
+        self.notes = (f"length cache pass over {len(ds)} samples; "
                       f"{len(self.schedule[0])} steps per rank")
 
     def join_context(self, ddp):
@@ -120,10 +133,10 @@ class OfflineBatches:
             g = sum(len(self.schedule[r][s]) for r in range(self.world_size) if self.schedule[r][s] is not None)
             if row is None:
                 b = collate_pad([self.ds[0]])
-                yield b, _meta(b, 0, g, scale=0.0, filler=True)
+                yield b, _meta(b, 0, g, (), scale=0.0, filler=True)
             else:
                 b = collate_pad([self.ds[i] for i in row])
-                yield b, _meta(b, len(row), g)
+                yield b, _meta(b, len(row), g, row)
 
 
 class ODBBatches:
@@ -163,8 +176,13 @@ class ODBBatches:
             self.loader.set_epoch(e)
         for b in self.loader:
             info = self.odb.pop_step_info(b)
-            m = _meta(b, info.local_samples, info.global_samples, scale=info.loss_scale, filler=info.filler)
-            yield b, m
+            yield b, _meta(b, info.local_samples, info.global_samples, info.indices, scale=info.loss_scale,
+                           filler=info.filler)
+
+    def loader_stats(self) -> dict:
+        """The loader's own timers since construction: the consumer's wait and the engine's collectives."""
+        st = self.loader.stats
+        return {"loader_wait_s": st.wait_time_s, "collective_s": st.collective_s, "rounds": st.rounds}
 
 
 # method -> how to build its source (the one list of methods; an unknown name lists the valid ones)

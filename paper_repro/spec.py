@@ -1,4 +1,4 @@
-"""`RunSpec`: one `make repro` run (one torchrun job, every method side by side), typed.
+"""`RunSpec`: one `make repro` run (one torchrun job, every method side by side, repeated), typed.
 
 Specs travel to the ranks as JSON; `RunSpec.of` turns a dict into the complete dict every reader
 uses, refusing an unknown key (a typo fails loudly instead of falling back to a default) and a key
@@ -40,6 +40,14 @@ class RunSpec:
     timeout_s: float = 120
     accum_match: str = "odb_pad"
     accum_methods: list = field(default_factory=lambda: ["standard1", "standardB"])
+    repeats: int = 3                 # interleaved rounds: every method once per round, the order rotated
+    warmup_steps: int = 8            # unmeasured forward/backward steps before round 0 (kernels, gloo, allocator)
+    max_load_cores: float = 0.15     # a run during which other programs kept more cores busy than this is
+                                     # "loaded" (paper_repro.cpu) and is rerun at once, up to `retries` times,
+    retries: int = 2                 # while the job's reruns have cost less than `retry_budget_s` (loop seconds);
+    retry_budget_s: float = 60.0     # the least loaded attempt is kept, the others are recorded beside it
+    cache_pipeline: str | None = None  # kind="lengths": the real pipeline ("text" | "mm") whose measured
+                                       # per-sample cost prices GMT/BMT's length cache (paper_repro.cache_cost)
 
     @classmethod
     def of(cls, spec: dict) -> dict:

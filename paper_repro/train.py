@@ -13,13 +13,26 @@ defined on *samples seen* (so a method with bigger batches takes fewer, larger
 steps along the same curve), one after another in this process group so that
 the ratios are measured under the same machine load.
 
+Repeats (the measurement protocol): after ``spec["warmup_steps"]`` unmeasured
+steps, ``spec["repeats"]`` rounds run every method once each, interleaved and
+rotated (round r starts at method r: A B C, B C A, C A B), so a slow stretch of
+the machine lands on different methods and positions.  Every repeat of a method
+is a fresh net on the same samples: its batches, steps and losses are the same
+in every round (recorded, not assumed), only the clock differs.  Process start,
+imports and data building are paid once per job, outside every measurement;
+the garbage of the previous repeat is collected before the next one starts.
+A run during which other programs kept more than ``spec["max_load_cores"]``
+cores busy (measured, `paper_repro.cpu`) is rerun at once (`rerun`), within a
+per-job budget; the least loaded attempt is kept (`keep_attempt`: chosen on the
+machine's load, never on the run's own speed) and the others are recorded.
+
 Methods (per rank, `world_size` ranks):
     standard1   fixed batch of 1 per rank (the paper's public examples), DistributedSampler,
                 with gradient accumulation (see below)
     standard1_noacc  the same with one optimizer step per micro-batch (no accumulation)
     standardB   fixed "memory-equivalent" batch: budget // cutoff samples per rank, accumulated
     gmt / bmt   odb.baselines GlobalMaxTokens / BucketedMaxTokens, fed a length cache
-                that this worker builds first by running the pipeline (its cost is reported)
+                that the ranks build first by running the pipeline, sharded (its cost is reported)
     odb_pad     odb.ODBDataLoader(mode="pad")
     odb_join    odb.ODBDataLoader(mode="join") with DDP `Join` on the model side
 
@@ -40,10 +53,15 @@ Loss: each rank computes the mean next-token loss over its label tokens; ODB
 batches multiply it by ``info.loss_scale`` (global label-token mean after DDP's
 average); fixed batches use the plain per-rank mean (what HF/DDP users get).
 
-Output (rank 0 writes OUT.json): per method, wall time of the training loop
-(evaluation excluded), emitted samples, real and padded tokens, steps, loader
-wait fraction, validation loss at the end of each epoch (equal samples seen
-for every method), per-step (samples seen, train loss) for the loss curves.
+Output (rank 0 writes OUT.json): per method, one record per repeat: wall time
+of the training loop (evaluation excluded; each epoch from ``iter()`` to its
+last batch), time to the first batch (epoch 0, and summed over epochs: ODB's
+window fill), the one-off setup before training (GMT/BMT's length cache),
+emitted samples, real and padded tokens, steps, loader wait fraction, the CPU
+split of the loop (`paper_repro.cpu`), the exactly-once check (every dataset
+index emitted once per epoch over all ranks), validation loss at the end of
+each epoch (equal samples seen for every method); round 0 also keeps the
+per-step (samples seen, train loss) for the loss curves.
 """
 
 from __future__ import annotations
@@ -62,9 +80,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import sources, workloads
+from .cpu import LoopMeter
+from .data import collate_pad
 from .spec import RunSpec
 
-__all__ = ["main", "run_method", "accum_for", "METHODS"]
+__all__ = ["main", "run_method", "accum_for", "round_order", "rerun", "keep_attempt", "METHODS"]
 
 METHODS = ("odb_pad", "odb_join", "gmt", "bmt", "standard1", "standardB", "standard1_noacc")
 
@@ -101,13 +121,15 @@ def evaluate(net, val_batches, rank: int, world_size: int) -> float:
     return float(s[0] / s[1])
 
 
-def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int = 1) -> dict:
+def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int = 1, data=None) -> dict:
     """Train one method for spec["epochs"] epochs, `accum` micro-batches per optimizer step;
-    returns this rank's record."""
+    returns this rank's record.  `data` = (train, val datasets, val batches), built once per job."""
     if accum < 1:
         raise ValueError(f"accum must be >= 1 micro-batches per optimizer step, got {accum}")
-    ds_train, ds_val = workloads.build_datasets(spec)
-    val_batches = workloads.val_batches(ds_val, spec)
+    if data is None:
+        ds_train, ds_val = workloads.build_datasets(spec)
+        data = (ds_train, ds_val, workloads.val_batches(ds_val, spec))
+    ds_train, _, val_batches = data
     # The source first: it may raise MethodUnavailable, which must happen before any collective.
     source = sources.batch_source(method, ds_train, spec, rank, world_size)
     net = workloads.build_net(spec)
@@ -117,14 +139,19 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
     total = spec["epochs"] * len(ds_train)
     rec = {"method": method, "steps": 0, "micro_steps": 0, "accum": accum, "local_samples": 0, "real_tokens": 0,
            "padded_tokens": 0, "wait_s": 0.0, "train_s": 0.0, "val_loss": [], "curve": [],
+           "first_batch_s": None, "first_batch_all_s": 0.0, "indices": [],
            "setup_s": source.setup_s, "notes": source.notes, "fillers": 0, "over_budget_batches": 0}
+    meter = LoopMeter()
     seen = 0  # global samples seen so far (identical on every rank: from the batch sources' global counts)
     rec["val_loss"].append((0, evaluate(net, val_batches, rank, world_size)))
     for epoch in range(spec["epochs"]):
         dist.barrier()  # SYNC: every rank must reach this
+        meter.start()
         t0 = time.perf_counter()
         if hasattr(ds_train, "set_epoch"):
             ds_train.set_epoch(epoch)  # a new augmentation draw every epoch, for every method
+        mine: list[int] = []
+        first = True
         with source.join_context(ddp):
             it = iter(source.epoch(epoch))
             done = False
@@ -141,8 +168,14 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
                         done = True
                         break
                 rec["wait_s"] += time.perf_counter() - tw
+                meter.poll()
                 if not group:
                     break
+                if first:  # iter() to this epoch's first batch: ODB's window fill and first round
+                    first, dt = False, time.perf_counter() - t0
+                    rec["first_batch_all_s"] += dt
+                    if rec["first_batch_s"] is None:
+                        rec["first_batch_s"] = dt
                 g_samples = sum(meta["global_samples"] for _, meta in group)
                 lr = _lr_at(seen, total, spec["lr"]) * _lr_batch_factor(g_samples, world_size, spec)
                 for g in opt.param_groups:
@@ -162,6 +195,7 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
                     rec["padded_tokens"] += meta["padded_tokens"]
                     rec["over_budget_batches"] += int(meta["padded_tokens"] > spec["budget"]
                                                       and meta["local_samples"] > 1)
+                    mine += meta["indices"]
                     if not meta["filler"]:
                         rec["curve"].append((seen + meta["global_samples"] * (i + 1),
                                              float(loss_sum.detach()) / max(1, n)))
@@ -169,9 +203,13 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
                 seen += g_samples
                 rec["steps"] += 1
         rec["train_s"] += time.perf_counter() - t0
+        meter.stop()
+        rec["indices"].append(mine)
         # Every sample was seen exactly once per epoch by every method here; use the exact count.
         seen = (epoch + 1) * len(ds_train)
         rec["val_loss"].append((seen, evaluate(net, val_batches, rank, world_size)))
+    rec["cpu"] = meter.result()
+    rec["loader"] = source.loader_stats() if hasattr(source, "loader_stats") else None
     close = getattr(source, "close", None)
     if close is not None:  # deterministic teardown on every rank (not whenever the garbage collector runs)
         close()
@@ -200,23 +238,84 @@ def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
 
 
 def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
-    """Combine the ranks' records into one method record (rank 0)."""
+    """Combine the ranks' records of one repeat into one method record (rank 0)."""
     r0 = dict(recs[0])
-    out = {k: r0[k] for k in ("method", "val_loss", "setup_s", "notes")}
+    out = {k: r0[k] for k in ("method", "val_loss", "notes", "accum", "curve")}
     out["wall_s"] = max(r["train_s"] for r in recs)
     for k in ("local_samples", "real_tokens", "padded_tokens", "fillers", "over_budget_batches"):
         out[k.replace("local_", "")] = sum(r[k] for r in recs)
     out["steps"] = max(r["steps"] for r in recs)
     out["micro_steps"] = max(r["micro_steps"] for r in recs)
-    out["accum"] = r0["accum"]
     out["steps_per_rank"] = [r["steps"] for r in recs]
+    # one-off and per-epoch start costs: the slowest rank decides when training can begin
+    out["setup_s"] = max(r["setup_s"] for r in recs)
+    out["first_batch_s"] = max(r["first_batch_s"] or 0.0 for r in recs)
+    out["first_batch_all_s"] = max(r["first_batch_all_s"] for r in recs)
     out["wait_frac"] = max(r["wait_s"] for r in recs) / max(1e-9, out["wall_s"])
     out["samples_per_s"] = out["samples"] / out["wall_s"]
     out["real_tok_per_s"] = out["real_tokens"] / out["wall_s"]
     out["padded_tok_per_s"] = out["padded_tokens"] / out["wall_s"]
     out["expected_samples"] = num_train * epochs
-    out["curve"] = recs[0]["curve"]
+    out["cpu"] = [r["cpu"] for r in recs]
+    busy = recs[0]["cpu"]["machine_busy_s"]  # rank 0's reading covers the whole machine
+    out["external_cores"] = (None if busy is None else
+                             max(0.0, busy - sum(r["cpu"]["proc_cpu_s"] for r in recs)) / max(1e-9, out["wall_s"]))
+    out["loader"] = [r["loader"] for r in recs] if recs[0]["loader"] else None
+    # Exactly once: per epoch, the ranks' indices together are every dataset index, once.
+    bad = 0
+    for e in range(epochs):
+        got = sorted(i for r in recs for i in r["indices"][e])
+        bad += len(set(range(num_train)) ^ set(got)) + (len(got) - len(set(got)))
+    out["exactly_once"], out["index_errors"] = bad == 0, bad
     return out
+
+
+def round_order(methods: list, r: int) -> list:
+    """Round `r`'s method order: the list rotated by r (round 0 keeps the spec's order, so the
+    accumulation reference runs first)."""
+    k = r % max(1, len(methods))
+    return list(methods[k:]) + list(methods[:k])
+
+
+def rerun(attempts: list[dict], spent_s: float, spec: dict) -> bool:
+    """Rerun this method now?  Only if its last attempt was loaded (other programs above
+    spec["max_load_cores"]), it has retries left and the job's reruns cost less than the budget.
+    Every input is gathered (identical on every rank), so every rank decides alike."""
+    ext = attempts[-1]["external_cores"]
+    return (ext is not None and ext > spec["max_load_cores"] and len(attempts) <= spec["retries"]
+            and spent_s < spec["retry_budget_s"])
+
+
+def keep_attempt(attempts: list[dict], spec: dict) -> dict:
+    """The least loaded attempt, with the others summarized under "attempts" and a "loaded" flag."""
+    def load(a):
+        return a["external_cores"] if a["external_cores"] is not None else 0.0
+
+    keep = dict(min(attempts, key=load))
+    keep["attempts"] = [{k: a[k] for k in ("samples_per_s", "wall_s", "external_cores")}
+                        for a in attempts if a is not min(attempts, key=load)]
+    keep["loaded"] = load(keep) > spec["max_load_cores"]
+    return keep
+
+
+def warm_up(spec: dict, data, rank: int, world_size: int) -> float:
+    """`spec["warmup_steps"]` unmeasured steps of a throwaway net (kernels, allocator, gloo's
+    all-reduce path), so round 0's first method does not pay them; returns the seconds."""
+    t = time.perf_counter()
+    n = spec["warmup_steps"]
+    if n <= 0:
+        return 0.0
+    ds_train = data[0]
+    ddp = DDP(workloads.build_net(spec), find_unused_parameters=False)
+    opt = torch.optim.AdamW([p for p in ddp.parameters() if p.requires_grad], lr=1e-4)
+    for k in range(n):
+        idx = [(k * 4 + j) % len(ds_train) for j in range(1 + k % 4)]
+        loss_sum, cnt = ddp(collate_pad([ds_train[i] for i in idx]))
+        (loss_sum / max(1, cnt)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    del ddp, opt
+    return time.perf_counter() - t
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,23 +328,49 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.get("timeout_s", 120)))
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    results = {"spec": spec, "world_size": world_size, "methods": {}}
+    methods = spec["methods"]
+    results = {"spec": spec, "world_size": world_size, "methods": {m: {"method": m, "repeats": []} for m in methods},
+               "rounds": [], "rerun_s": 0.0}
     try:
-        for m in spec["methods"]:
-            try:
-                rec = run_method(m, spec, rank, world_size, accum=accum_for(m, spec, results["methods"], world_size))
-                err = None
-            except sources.MethodUnavailable as e:
-                rec, err = None, str(e)
-            recs = [None] * world_size
-            dist.all_gather_object(recs, (rec, err))  # SYNC: every rank must reach this
-            errs = [e for _, e in recs if e]
-            if errs:
-                results["methods"][m] = {"method": m, "unavailable": errs[0]}
-            else:
-                results["methods"][m] = _merge([r for r, _ in recs], spec["num_train"], spec["epochs"])
-            if rank == 0:
-                print(json.dumps({"progress": m}), flush=True)
+        t = time.perf_counter()
+        ds_train, ds_val = workloads.build_datasets(spec)
+        data = (ds_train, ds_val, workloads.val_batches(ds_val, spec))
+        results["data_s"] = time.perf_counter() - t
+        results["warmup_s"] = warm_up(spec, data, rank, world_size)
+        accums: dict[str, int] = {}
+        for r in range(spec["repeats"]):
+            order = [m for m in round_order(methods, r) if "unavailable" not in results["methods"][m]]
+            results["rounds"].append(order)
+            for pos, m in enumerate(order):
+                entry, attempts = results["methods"][m], []
+                while True:
+                    gc.collect()  # the previous run's garbage, collected outside every measured loop
+                    try:
+                        if m not in accums:
+                            done = {k: (e["repeats"][0] if e["repeats"] else e)
+                                    for k, e in results["methods"].items() if e["repeats"] or "unavailable" in e}
+                            accums[m] = accum_for(m, spec, done, world_size)
+                        rec, err = run_method(m, spec, rank, world_size, accum=accums[m], data=data), None
+                    except sources.MethodUnavailable as e:
+                        rec, err = None, str(e)
+                    recs = [None] * world_size
+                    dist.all_gather_object(recs, (rec, err))  # SYNC: every rank must reach this
+                    errs = [e for _, e in recs if e]
+                    if errs:
+                        entry["unavailable"] = errs[0]
+                        break
+                    attempts.append(_merge([x for x, _ in recs], spec["num_train"], spec["epochs"]))
+                    if not rerun(attempts, results["rerun_s"], spec):
+                        break
+                    results["rerun_s"] += attempts[-1]["wall_s"]
+                if attempts:
+                    kept = keep_attempt(attempts, spec)
+                    kept.update(round=r, position=pos)
+                    if r:
+                        kept.pop("curve")  # the same steps every round; round 0's curve is kept
+                    entry["repeats"].append(kept)
+                if rank == 0:
+                    print(json.dumps({"progress": [m, r]}), flush=True)
         if rank == 0:
             tmp = args.out + ".tmp"
             with open(tmp, "w") as f:

@@ -57,28 +57,43 @@ def test_standard_plan_deals_every_sample_once_with_equal_steps():
 
 
 @pytest.mark.slow  # two torchrun ranks (~15 s): the real harness end to end on a tiny config
-def test_harness_smoke_run_two_ranks_every_method_emits_every_sample(tmp_path):
+def test_harness_smoke_run_two_ranks_every_method_emits_every_sample_in_every_round(tmp_path):
+    from paper_repro import repro_stats as st
     from paper_repro.repro import _base, run_spec
 
+    methods = ["odb_pad", "odb_join", "gmt", "standard1", "standard1_noacc"]
     spec = _base(name="smoke", kind="text", num_train=16, num_val=8, cutoff=64, budget=128, epochs=1, window=8,
-                 net={"dim": 16, "layers": 1, "heads": 2}, length_scale=1.0, timeout_s=30,
-                 methods=["odb_pad", "odb_join", "gmt", "standard1", "standard1_noacc"])
+                 net={"dim": 16, "layers": 1, "heads": 2}, length_scale=1.0, timeout_s=30, repeats=2,
+                 warmup_steps=2, methods=methods, max_load_cores=-1.0, retries=1, retry_budget_s=1e-6)
+    # max_load_cores < 0: every run counts as loaded, so the first one is rerun and the budget then stops reruns
     res = run_spec(spec, str(tmp_path), timeout_s=150)
     assert res["world_size"] == 2
-    for m in spec["methods"]:
-        r = res["methods"][m]
-        assert "unavailable" not in r, r
-        assert r["samples"] == r["expected_samples"] == 16, (m, r["samples"])
-        assert all(math.isfinite(v) for _, v in r["val_loss"])
-        assert r["samples_per_s"] > 0 and r["padded_tokens"] >= r["real_tokens"] > 0
+    # interleaved and rotated: round 1 starts with round 0's second method
+    assert res["rounds"] == [methods, methods[1:] + methods[:1]]
+    for m in methods:
+        recs = res["methods"][m]["repeats"]
+        assert [r["round"] for r in recs] == [0, 1], m
+        for r in recs:
+            assert r["exactly_once"] and r["index_errors"] == 0, (m, r["index_errors"])
+            assert r["samples"] == r["expected_samples"] == 16, (m, r["samples"])
+            assert all(math.isfinite(v) for _, v in r["val_loss"])
+            assert r["samples_per_s"] > 0 and r["padded_tokens"] >= r["real_tokens"] > 0
+            assert r["wall_s"] >= r["first_batch_all_s"] >= r["first_batch_s"] > 0
+            assert len(r["cpu"]) == 2 and all(c["main_cpu_s"] > 0 and c["loader_cpu_s"] >= 0 for c in r["cpu"])
+        # a repeat is the same training: same batches, steps and losses; only the clock differs
+        assert st.identical(recs[0], recs[1]), m
+        assert "curve" in recs[0] and "curve" not in recs[1]
+    assert res["methods"]["gmt"]["repeats"][0]["setup_s"] > 0  # the length cache pass is timed
+    kept = [r for m in methods for r in res["methods"][m]["repeats"]]
+    assert len(kept[0]["attempts"]) == 1 and sum(len(r["attempts"]) for r in kept) == 1 and all(r["loaded"] for r in kept)
     # Standard's accumulation is matched to ODB pad's mean samples per optimizer step, measured first
-    ms = res["methods"]
+    ms = {m: res["methods"][m]["repeats"][0] for m in methods}
     want = max(1, round(ms["odb_pad"]["samples"] / ms["odb_pad"]["steps"] / 2))
     assert ms["standard1"]["accum"] == want and ms["standard1_noacc"]["accum"] == 1
     assert ms["standard1"]["micro_steps"] == ms["standard1_noacc"]["steps"] == 8  # 16 samples, batch 1, 2 ranks
     assert ms["standard1"]["steps"] == -(-8 // want)  # the epoch's last group may be shorter
     # the same init and the same data: every method starts from the same validation loss
-    assert len({round(res["methods"][m]["val_loss"][0][1], 6) for m in spec["methods"]}) == 1
+    assert len({round(ms[m]["val_loss"][0][1], 6) for m in methods}) == 1
 
 
 def test_accumulation_is_matched_to_the_reference_method_and_refuses_a_wrong_order():
