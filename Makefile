@@ -30,6 +30,9 @@ test: $(VENV)/.stamp-all  ## the whole test suite (CI runs this)
 test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process tiers
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not adapters"
 
+examples: $(VENV)/.stamp-all  ## every example, 2 gloo ranks
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_examples.py
+
 verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs/REPORT.md
 	$(BIN)/python -m proofs verify
 
