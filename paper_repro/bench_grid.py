@@ -9,9 +9,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from odb.baselines import (ReleasePolicy, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
+from odb.baselines import (PEERS, ReleasePolicy, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
                            memory_equivalent_batch_size, standard, step_lower_bound)
 from odb.batching import call_partition, default_policy, make_cost_model
 from odb.core.sim import simulate
@@ -19,7 +19,36 @@ from odb.core.sim import simulate
 from .bench_metrics import metrics
 from .distributions import DISTRIBUTIONS, sample_lengths
 
-__all__ = ["grid", "run_config", "release_points", "measure_release_package", "decision_microbench"]
+__all__ = ["grid", "run_config", "release_points", "measure_release_package", "decision_microbench", "Method",
+           "METHODS"]
+
+
+class Method(NamedTuple):
+    """One method of the grid, as the report's legend shows it."""
+
+    key: str             # its key in ``run_config(...)["methods"]``
+    label: str
+    length_cache: bool   # reads every sample's length before the epoch starts
+    moves_samples: bool  # a sample loaded by one rank's shard may be trained on another rank
+
+
+# Every scored method, in report order.  The peers' flags are `odb.baselines.PEERS`'s (written once, there);
+# ODB dealt moves nothing between ranks either: a rank loads the positions it is dealt (`odb.batching.deal`).
+METHODS: tuple[Method, ...] = (
+    Method("gmt", "GMT, sorted batch order (offline oracle)", True, False),
+    *(Method(p.key, p.source, p.length_cache, p.moves_samples) for p in PEERS[:1]),
+    Method("bmt", "BMT, GMT inside buckets of 4096 (offline oracle)", True, False),
+    *(Method(p.key, p.source, p.length_cache, p.moves_samples) for p in PEERS[1:]),
+    Method("release_reimpl", "the release algorithm (re-implemented), fixed shards", False, False),
+    Method("odb", "ODB, fixed shards", False, False),
+    Method("odb_dealt", "ODB, dealt shards", False, False),
+)
+
+
+def _exactly_once(rows, n: int, what: str) -> None:
+    emitted = sorted(i for row in rows for b in row if b for i in b)
+    if emitted != list(range(n)):
+        raise AssertionError(f"{what}: samples lost or duplicated")
 
 
 def _sim_rows(sim, starts):
@@ -48,6 +77,11 @@ def run_config(dist: str, world: int, window: int, budget: int, kind: str, per_r
     gmt = global_max_tokens(sizes, cost, world)
     for name, rows, sz in [("gmt", gmt, sizes), ("bmt", bucketed_max_tokens(sizes, cost, world), sizes)]:
         out["methods"][name] = metrics(rows, sz, cost)
+    for p in PEERS:  # the peers, on the same lengths in dataset order (the ones that shard use strided shards)
+        t0 = time.perf_counter()
+        rows = p.fn(sizes, cost, world)
+        _exactly_once(rows, len(sizes), f"{p.key} {dist} N={world}")
+        out["methods"][p.key] = {**metrics(rows, sizes, cost), "plan_s": time.perf_counter() - t0}
     b_eq = memory_equivalent_batch_size(sizes, cost)
     out["methods"]["standard_bs1"] = {"steps": len(standard(len(sizes), world, 1)[0])}
     out["methods"][f"standard_bs{b_eq}"] = metrics(standard(len(sizes), world, b_eq), sizes, cost)
@@ -61,9 +95,7 @@ def run_config(dist: str, world: int, window: int, budget: int, kind: str, per_r
             sim = simulate(shards, cost, window=window, mode="pad", policy=factory)
             rows, row_sizes = _sim_rows(sim, starts), order_sizes
         m = metrics(rows, row_sizes, cost)
-        emitted = sorted(i for row in rows for b in row if b for i in b)
-        if emitted != list(range(len(sizes))):
-            raise AssertionError(f"{name} {dist} N={world} W={window}: samples lost or duplicated")
+        _exactly_once(rows, len(sizes), f"{name} {dist} N={world} W={window}")
         m["rounds"] = sim.rounds
         m["decision_ms"] = 1e3 * sum(sim.decision_s) / len(sim.decision_s)
         m["decision_ms_max"] = 1e3 * max(sim.decision_s)

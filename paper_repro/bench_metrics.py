@@ -8,7 +8,12 @@ __all__ = ["metrics"]
 
 
 def metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequence[tuple[int, ...]], cost) -> dict:
-    """Quality figures of a schedule ``rows[rank][step]`` (lists of indices into `sizes`, None = filler)."""
+    """Quality figures of a schedule ``rows[rank][step]`` (lists of indices into `sizes`, None = filler).
+
+    ``step_time`` is the simplest step-time model: a step lasts as long as its costliest batch, in
+    budgets (the sum over steps of the largest rank utilisation; no per-step overhead).  It is the
+    figure the peers are judged on (`paper_repro.bench_targets.BEATS`): steps alone reward a
+    schedule of few unbalanced steps, straggler efficiency alone one of many small balanced ones."""
     n = len(rows)
     steps = max((len(r) for r in rows), default=0)
     shortest = min(sizes, key=lambda s: s[0]) if sizes else (0,)
@@ -43,6 +48,7 @@ def metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequence[tupl
         "budget_use": use / (steps * n) if steps else 0.0,
         "padding": 1 - real / padded if padded else 0.0,
         "straggler_eff": mean_sum / max_sum if max_sum else 1.0,
+        "step_time": max_sum,
         # no reordering of this schedule's batches beats mean/max of the ranks' total cost
         "straggler_ceiling": (sum(per_rank) / n) / max(per_rank) if per_rank and max(per_rank) else 1.0,
         "singletons": single / batches if batches else 0.0,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .bench_targets import target_lines
+from .bench_grid import METHODS
+from .bench_targets import BEATS, target_lines
 
 __all__ = ["render"]
 
@@ -38,6 +39,42 @@ def _release_section(released: list[dict]) -> list[str]:
     return out
 
 
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _methods_section(res: list[dict]) -> list[str]:
+    """The legend of every scored method, with its spread over the grid; then, per cost, each point."""
+    def spread(key, m):
+        vals = sorted(r["methods"][m.key][key] for r in res)
+        return f"{vals[len(vals) // 2]:.3f} ({vals[0]:.3f}-{vals[-1]:.3f})"
+
+    out = ["Peers RE-IMPLEMENTED FROM THEIR PUBLIC DESCRIPTIONS (`odb.baselines.peers`, not their code), on the "
+           "same lengths as the rest. *Length cache*: reads every sample's length before the epoch. *Moves "
+           "samples*: a sample loaded by one rank's shard may be trained on another rank. Step time: a step lasts "
+           "as long as its costliest batch, in budgets (`bench_metrics`); ODB must beat the methods marked "
+           "*beat*. Figures: median (min-max) over the grid's points.", "",
+           "| method | what | length cache | moves samples | target | steps / GMT | straggler eff | step time / ODB "
+           "fixed |", "|" + "---|" * 8]
+    for m in METHODS:
+        vs = sorted(r["methods"][m.key]["step_time"] / r["methods"]["odb"]["step_time"] for r in res)
+        out.append(f"| {m.key} | {m.label} | {_yes(m.length_cache)} | {_yes(m.moves_samples)} "
+                   f"| {'beat' if m.key in BEATS else ''} | {spread('vs_gmt', m)} | {spread('straggler_eff', m)} "
+                   f"| {vs[len(vs) // 2]:.3f} ({vs[0]:.3f}-{vs[-1]:.3f}) |")
+    for kind in ("padded", "packed"):
+        pts = [r for r in res if r["cost"] == kind]
+        if not pts:
+            continue
+        out += ["", f"### Every method, {kind} cost: steps (straggler efficiency) [step time]", "",
+                "| dist | N | W | B | " + " | ".join(m.key for m in METHODS) + " |",
+                "|" + "---|" * (4 + len(METHODS))]
+        for r in pts:
+            cells = [f"{x['steps']} ({x['straggler_eff']:.3f}) [{x['step_time']:.1f}]"
+                     for x in (r["methods"][m.key] for m in METHODS)]
+            out.append(f"| {r['dist']} | {r['world']} | {r['window']} | {r['budget']} | " + " | ".join(cells) + " |")
+    return out
+
+
 def render(report: dict) -> str:
     """The Markdown report of `main`'s JSON."""
     res = report["results"]
@@ -53,6 +90,7 @@ def render(report: dict) -> str:
            "`release` columns are the RELEASE ALGORITHM (RE-IMPLEMENTED FROM ITS DESCRIPTION in FACTS.md "
            "section 2), not the released code. Padding is only meaningful for the padded cost.", "",
            "## Targets", "", *target_lines(res, report["decision_microbench_1024"], released), "",
+           "## Every method, peers included", "", *_methods_section(res), "",
            "## The released package", "", *_release_section(released), "",
            "## Length distributions (assumed shapes, paper CVs)", "",
            "| dist | mean | CV | max | p99 |", "|---|---|---|---|---|"]

@@ -13,11 +13,23 @@ rank's row into a ``batch_sampler`` for ``torch.utils.data.DataLoader``.
                         pack greedily to the budget, deal batches across ranks
     bucketed_max_tokens BMT: the same inside consecutive buckets of 4096 samples
     step_lower_bound    no schedule of this data under this budget has fewer steps
+
+Peers, RE-IMPLEMENTED FROM THEIR PUBLIC DESCRIPTIONS (`odb.baselines.peers`; its table `PEERS`
+says, as data, which need a length cache and which move samples between ranks):
+
+    global_max_tokens_shuffled  GMT with the batch order shuffled (fairseq-style), seeded
+    hf_rebalance                HF Trainer's BatchRebalanceSampler (transformers PR #47340)
+    dp_balanced_packing         Megatron-Core's DpBalancedScheduler (DP-balanced packing)
+    kk_micro_batches            verl / OpenRLHF: Karmarkar-Karp micro-batches, workload 24576 L + L^2
 """
 
+from .kk import karmarkar_karp
+from .peers import PEERS, Peer, dp_balanced_packing, global_max_tokens_shuffled, hf_rebalance, kk_micro_batches
 from .release import ReleasePolicy
 from .offline import (Schedule, ScheduleSampler, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
                       memory_equivalent_batch_size, standard, step_lower_bound)
 
 __all__ = ["Schedule", "ScheduleSampler", "standard", "memory_equivalent_batch_size", "global_max_tokens",
-           "bucketed_max_tokens", "step_lower_bound", "batch_lower_bound", "ReleasePolicy"]
+           "bucketed_max_tokens", "step_lower_bound", "batch_lower_bound", "ReleasePolicy",
+           "global_max_tokens_shuffled", "hf_rebalance", "dp_balanced_packing", "kk_micro_batches", "karmarkar_karp",
+           "Peer", "PEERS"]
