@@ -1,4 +1,5 @@
-"""The layering the README promises: the protocol, the policies, the core and the models import neither torch
+"""The layering the README promises: imports run paper_repro -> proofs -> models -> odb with no cycle (read from
+the source), and the protocol, the policies, the core and the models import neither torch
 nor z3 nor networkx (the proofs' extras)."""
 
 import subprocess
@@ -18,3 +19,95 @@ def test_odb_exposes_the_runtime_lazily():
     code = "import odb, sys; assert 'torch' not in sys.modules; odb.ODBDataLoader; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "True"
+
+
+# --- the direction of imports and the absence of cycles, read from the source (every import statement, at
+# module level or inside a function: a lazy import keeps a cycle alive as well)
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["odb", "models", "proofs", "paper_repro"]  # each may import only the ones before it
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, except the bodies of ``if TYPE_CHECKING:`` (imports for annotations only, never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
+def _imports(path: Path) -> set[str]:
+    """Our modules `path` imports (absolute and relative), as dotted names."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                up = up[:len(up) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import submodule`
+    return {m for m in out if m.split(".")[0] in LAYERS}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for layer in LAYERS for p in (ROOT / layer).rglob("*.py")]
+    names = {_module_name(p) for p in files}
+    graph = {}
+    for p in files:
+        deps = set()
+        for m in _imports(p):
+            while m and m not in names:  # `from pkg import function` names no module: keep the package
+                m = m.rpartition(".")[0]
+            if m and m != _module_name(p):
+                deps.add(m)
+        graph[_module_name(p)] = deps
+    return graph
+
+
+def test_imports_run_one_way_paper_repro_proofs_models_odb():
+    bad = [(m, d) for m, deps in _graph().items() for d in deps
+           if LAYERS.index(d.split(".")[0]) > LAYERS.index(m.split(".")[0])]
+    assert not bad, f"imports against the layering {' <- '.join(LAYERS)}: {sorted(bad)}"
+
+
+def test_no_import_cycle_between_our_modules_a_package_importing_its_own_submodules_aside():
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for m, deps in _graph().items():
+        for d in deps:
+            # a package's __init__ re-exporting its submodules, and a submodule importing a sibling through
+            # the package, is the usual package shape, not a cycle between modules
+            if not (d.startswith(m + ".") or m.startswith(d + ".")):
+                g.add_edge(m, d)
+    cycles = [c for c in nx.simple_cycles(g) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_the_cycle_check_has_teeth(monkeypatch):
+    import networkx as nx
+
+    g = nx.DiGraph([("paper_repro.a", "paper_repro.b"), ("paper_repro.b", "paper_repro.a")])
+    assert list(nx.simple_cycles(g)), "networkx finds a two-module cycle"
+    mods = _graph()
+    assert "paper_repro.sources" in mods and "paper_repro.workloads" in mods["paper_repro.sources"]
+    assert "odb.core.rank" in mods["odb.core.sim"]

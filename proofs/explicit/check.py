@@ -35,9 +35,10 @@ from models.logic import RF, Exists, Forall
 from models.properties import ENGINE_PROPERTIES, for_mode
 from models.scopes import Scope
 from odb.protocol.expr import Expr, Op
-from odb.protocol.table import DGAP, JOIN, PAD, QUOTA, Table
+from odb.protocol.table import DGAP, JOIN, QUOTA, Table
 
 from ..verdict import Verdict
+from .bounds import ROUNDS_CLOSED_FORM
 from .confluence import POLICIES, check_confluence
 from .crosscheck import METHOD as CROSS_METHOD, cross_check, engines_agree_verdict
 from .explore import MODE_NAMES, Exploration, explore
@@ -63,11 +64,6 @@ STEP_PROPERTIES = {
                               "(its count, computed by odb.protocol.machine.fire, is >= 1)",
 }
 
-ROUNDS_CLOSED_FORM = {
-    PAD: ("max_i d_i + 1", lambda d: max(d) + 1),
-    JOIN: ("max_i d_i + 1", lambda d: max(d) + 1),
-    QUOTA: ("min_i d_i + 1", lambda d: min(d) + 1),
-}
 
 
 Z3_BOUND_TEXT = "sum_i (d_i + 1) + N*R*(W + 3) + R"

@@ -35,6 +35,7 @@ from models.scopes import Scope
 from odb.protocol.table import DGAP, Table
 
 from ..verdict import Verdict
+from .bounds import ROUNDS_CLOSED_FORM
 from .explore import MODE_NAMES, Exploration, explore
 
 __all__ = ["CROSS_CHECK_N_MAX", "CROSS_CHECK_MUTANTS", "CROSS_CHECK_SCOPE", "METHOD", "CrossCheck",
@@ -181,8 +182,6 @@ def mutant_cross_checks(scope: Scope = CROSS_CHECK_SCOPE, mutants=CROSS_CHECK_MU
     A mutant whose graphs show no trap (or no cycle, where `CROSS_CHECK_MUTANTS` says it has one)
     in `scope` fails too: it would compare nothing that the table's own graphs do not.
     """
-    from .check import ROUNDS_CLOSED_FORM
-
     verdicts, figures = [], []
     for name, has, build, has_cycle in mutants:
         table = build()
