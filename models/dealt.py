@@ -5,52 +5,26 @@ Legend
     W        window; mode PAD/JOIN/QUOTA (``cfg``, as in `models.env`)
     ahead_r  keys rank r's inner DataLoader may read ahead of the items it returned
              (``num_workers * prefetch_factor``); the vector is known to every rank
-    value_p  what position p turns out to be when its item is returned: ``DROP`` (the
-             preprocessing returned None, a length 0, a skipped oversize sample) or a
-             usable sample of cost ``c >= 1``; chosen by the environment the first time
-             the item is returned and fixed from then on (``values``, -1 while unknown)
-    replica  rank r's `odb.batching.deal.DealtOrder` (its `Dealer` replica and the keys
-             dealt to it); the real class does every deal and every read, the model only
-             interns its snapshots (`Replicas`)
-    reads_r  keys rank r's source has read (``key(0) .. key(reads-1)``); ``ret_r`` items it
-             returned (usable or not: the header's ``taken``); ``ended_r`` a read returned
-             None (the key iterator is finished for the epoch)
+    value_p  what position p turns out to be when its item is returned: ``DROP`` (the preprocessing returned None,
+             a length 0, a skipped oversize sample) or a usable sample of cost ``c >= 1``; chosen by the
+             environment the first time the item is returned and fixed from then on (``values``, -1 while unknown)
+    replica  rank r's `odb.batching.deal.DealtOrder` (its `Dealer` replica and the keys dealt to it); the real class
+             does every deal and every read, the model only interns its snapshots (`Replicas`)
+    reads_r  keys rank r's source has read (``key(0) .. key(reads-1)``); ``ret_r`` items it returned (usable or
+             not: the header's ``taken``); ``ended_r`` a read returned None (the key iterator is finished for the
+             epoch)
 
-Environment semantics (what the runtime does around the table; `models.env` for the rest):
-    read       rank r's source calls ``replica.key(reads)``: a key (reads += 1) or None
-               (ended).  Prefetch: enabled in FILL (the only phase in which the engine
-               thread calls the source) whenever fewer than ``ahead_r`` keys are read
-               ahead of the returned items, in any interleaving; and on demand when the
-               rank fetches with nothing read ahead.  A superset of torch's schedule
-               (which keeps exactly ``ahead_r`` outstanding).
-    drop       a fetching rank's source returns its next item and it is a drop: ret += 1,
-               the table never sees it (the engine's fetch loops past it)
-    fetch      ``take_sample`` when the next returned item is usable (ret += 1, its cost
-               added), ``see_exhausted`` when nothing is outstanding and the source ended;
-               the answer ``src_has`` exists only then (before it, a read or a drop must come)
-    post       the header carries the table's ``n, st`` and the deal's ``taken = ret``,
-               ``cost``, ``dry = replica.dry``, ``reserve = replica.reserve_taken`` and the
-               intake ladder `policy_intake` of the window (`POLICIES`)
-    complete   as `models.env.Model`: every rank posted in round k; aggregates from the
-               table, any proposal in its bounds; the gathered headers stay readable
-    return     the rank's collect row, and in the same step its replica applies
-               ``deal(taken, cost, dry, reserve, need=round_needs(W, target, posted,
-               aheads))`` with every rank's gathered values, ``target`` the table's
-               ``Let("target")`` of the round, unless its dealer is done (as
-               `odb.core.replica.Replicated.decide`: every replica is done alike).
-               At the return, not at the completion: that is where the runtime does it
-               (its rank thread collects and decides before the row fires), and a rank
-               reads its replica only in FILL, after its own return, so the two places
-               give the same replica at every read; the return also lets replicas sit
-               one deal apart, which `replicas_agree` must allow
-    start      every replica is built with ``first_lead(W, aheads)`` and applies ``first()``
+Environment semantics (what the runtime does around the table; `models.env` for the rest; `DealtModel` gives the
+rules): ``read`` (a rank's source reads its replica's next key, prefetching up to ``ahead_r`` in any interleaving),
+``drop`` (an item the table never sees), ``fetch`` (``take_sample`` or ``see_exhausted``), ``post`` (the table's
+header plus the deal's fields), ``complete`` (as `models.env.Model`), ``return`` (the collect row, and the replica
+applies the round's deal), ``start`` (every replica applies ``first()``).
 
-Ghost per rank: ``drops`` (items dropped), ``over`` (some round's ``W - n + use`` exceeded the
-rank's posted `intake_bound`: the policy emitted more than its bound), ``eg`` (a deal this
-replica applied was an end game that split the last positions unevenly between live ranks
-whose measured costs differ).  No quits: an aborted epoch reports its positions as unemitted,
-which the table's own proofs cover.  The glue a runtime implements (the lead, the needs, the
-replica class) is the overridable part of `DealtModel`, so seeded glue bugs are subclasses.
+Ghost per rank: ``drops`` (items dropped), ``over`` (some round's ``W - n + use`` exceeded the rank's posted
+`intake_bound`: the policy emitted more than its bound), ``eg`` (a deal this replica applied was an end game that
+split the last positions unevenly between live ranks whose measured costs differ).  No quits: an aborted epoch
+reports its positions as unemitted, which the table's own proofs cover.  The glue a runtime implements (the lead,
+the needs, the replica class) is the overridable part of `DealtModel`, so seeded glue bugs are subclasses.
 """
 
 from __future__ import annotations
@@ -203,7 +177,33 @@ class RankView:
 
 
 class DealtModel:
-    """The composed transition system for one `DealtConfig` (see the module docstring).
+    """The composed transition system for one `DealtConfig` (legend and ghosts: the module docstring).
+
+    Environment semantics (what the runtime does around the table; `models.env` for the rest):
+        read       rank r's source calls ``replica.key(reads)``: a key (reads += 1) or None (ended).  Prefetch:
+                   enabled in FILL (the only phase in which the engine thread calls the source) whenever fewer than
+                   ``ahead_r`` keys are read ahead of the returned items, in any interleaving; and on demand when
+                   the rank fetches with nothing read ahead.  A superset of torch's schedule (which keeps exactly
+                   ``ahead_r`` outstanding).
+        drop       a fetching rank's source returns its next item and it is a drop: ret += 1, the table never sees
+                   it (the engine's fetch loops past it)
+        fetch      ``take_sample`` when the next returned item is usable (ret += 1, its cost added),
+                   ``see_exhausted`` when nothing is outstanding and the source ended; the answer ``src_has``
+                   exists only then (before it, a read or a drop must come)
+        post       the header carries the table's ``n, st`` and the deal's ``taken = ret``, ``cost``,
+                   ``dry = replica.dry``, ``reserve = replica.reserve_taken`` and the intake ladder
+                   `policy_intake` of the window (`POLICIES`)
+        complete   as `models.env.Model`: every rank posted in round k; aggregates from the table, any proposal in
+                   its bounds; the gathered headers stay readable
+        return     the rank's collect row, and in the same step its replica applies
+                   ``deal(taken, cost, dry, reserve, need=round_needs(W, target, posted, aheads))`` with every
+                   rank's gathered values, ``target`` the table's ``Let("target")`` of the round, unless its dealer
+                   is done (as `odb.core.replica.Replicated.decide`: every replica is done alike).  At the return,
+                   not at the completion: that is where the runtime does it (its rank thread collects and decides
+                   before the row fires), and a rank reads its replica only in FILL, after its own return, so the
+                   two places give the same replica at every read; the return also lets replicas sit one deal
+                   apart, which `replicas_agree` must allow
+        start      every replica is built with ``first_lead(W, aheads)`` and applies ``first()``
 
     Override `lead`, `needs`, `posted_deal` or `order_cls` to model a glue bug (`proofs.mutants.dealt`).
     """

@@ -1,31 +1,22 @@
 """Batching quality (and runtime overhead) figures: ``python -m paper_repro.bench [--full]``.
 
-Writes ``paper_repro/results/quality_sim_<yyyymm>.md`` and ``.json``.  Every ODB
-and release-algorithm figure comes from `odb.core.sim`: the runtime's RankCore per rank (ranks driven
-through the DGAP table, PAD mode); GMT, BMT and Standard come from
-`odb.baselines` on the same lengths.
+Writes ``paper_repro/results/quality_sim_<yyyymm>.md`` and ``.json``.  Every ODB and release-algorithm figure comes from
+`odb.core.sim`: the runtime's RankCore per rank (ranks driven through the DGAP table, PAD mode); GMT, BMT and Standard
+come from `odb.baselines` on the same lengths.  Methods: ``odb`` (the default policy) and ``release_reimpl`` run on
+fixed, DistributedSampler-style strided shards; ``odb_dealt`` is the same policy with dealt shards:
+`odb.batching.deal.Dealer` deals positions of the one global order to the ranks as they consume them, from measured
+costs (each rank topped up to its per-round need, as the runtime does: `odb.core.sim`), so the fixed shards' ceiling
+(below) does not bind it.  The Markdown shows ``odb`` as "fixed" and ``odb_dealt`` as "dealt".
 
-Methods: ``odb`` (the default policy) and ``release_reimpl`` run on fixed,
-DistributedSampler-style strided shards; ``odb_dealt`` is the same policy with
-dealt shards: `odb.batching.deal.Dealer` deals positions of the one global order
-to the ranks as they consume them, from measured costs (each rank topped up to its per-round need, as the runtime does: `odb.core.sim`), so the
-fixed shards' ceiling (below) does not bind it.  The Markdown shows ``odb`` as
-"fixed" and ``odb_dealt`` as "dealt".
+Grid: `grid` gives its points (default and ``--full``): distributions matched to the paper's CVs plus the release's
+long-tail mix (`paper_repro.distributions`), world sizes up to 64, windows (buffers, per rank) 64, 256, 1024.
 
-Grid (default, see `grid`): distributions matched to the paper's CVs plus the
-release's long-tail mix (`paper_repro.distributions`), world sizes 2, 8, 16, 64,
-windows (buffers, per rank) 64, 256, 1024, (budget, cost) in (8192, padded),
-(16384, padded), (8192, packed); ``max(2 W, 1024)`` samples per rank.
-``--full``: N up to 64, both budgets with both costs, ``max(8 W, 4096)``.
-
-The released package itself (``--release-python PY``): PY is the python of a separate
-venv holding online-dynamic-batching 0.1.2 (its import name ``odb`` collides with
-ours).  A recipe that downloads no torch: ``python -m venv V``; write the main venv's
-site-packages path into ``V/lib/python3.X/site-packages/main_venv.pth``;
-``V/bin/pip install --no-deps online_dynamic_batching-0.1.2-py3-none-any.whl``.
-`measure_release_package` then runs ``paper_repro/release_driver.py`` at
-`release_points()` (N gloo processes each; a failure is reported, not raised).
-``make bench`` builds that venv as ``.venv-release`` (the Makefile's recipe) and passes it.
+The released package itself (``--release-python PY``): PY is the python of a separate venv holding
+online-dynamic-batching 0.1.2 (its import name ``odb`` collides with ours).  A recipe that downloads no torch:
+``python -m venv V``; write the main venv's site-packages path into ``V/lib/python3.X/site-packages/main_venv.pth``;
+``V/bin/pip install --no-deps online_dynamic_batching-0.1.2-py3-none-any.whl``.  `measure_release_package` then runs
+``paper_repro/release_driver.py`` at `release_points()`.  ``make bench`` builds that venv as ``.venv-release`` (the
+Makefile's recipe) and passes it.
 
 Metrics (per method):
     steps              optimizer steps (one batch per rank each)
@@ -33,22 +24,19 @@ Metrics (per method):
     padding            1 - real tokens / padded tokens (batch x longest)
     straggler_eff      sum over steps of mean rank cost / sum of max rank cost
     singletons         fraction of real batches holding one sample
-    singletons_avoid   the same, leaving out samples that cannot share a batch
-                       even with the shortest sample (over budget, or > B/2 padded)
+    singletons_avoid   the same, leaving out samples that cannot share a batch even with the shortest sample (over
+                       budget, or > B/2 padded)
     vs_gmt, vs_lb      steps / GMT steps, steps / the global step lower bound
-    vs_shard_lb        steps / the per-shard lower bound (max over ranks of
-                       `batch_lower_bound` of the rank's own fixed shard): what
-                       is left once the fixed shards' imbalance is taken out
-                       (``odb_dealt`` is not bound by it and can go below 1)
-    straggler_ceiling  mean/max of the ranks' total batch cost: no order of this
-                       schedule's batches has a higher straggler efficiency
-                       (for ``odb_dealt``: of what each rank was dealt)
-    shard_token_ceiling, packed_use_ceiling  the same bound from the fixed
-                       shards' tokens alone (policy-free; exact for a packed
-                       cost), and the packed budget use no schedule of these
-                       shards beats (per grid point, not per method)
-    decision_ms        policy time per rank and round (summarize+propose+partition), mean
-                       (``odb_dealt``: the dealer's arithmetic is not in it)
+    vs_shard_lb        steps / the per-shard lower bound (max over ranks of `batch_lower_bound` of the rank's own
+                       fixed shard): what is left once the fixed shards' imbalance is taken out (``odb_dealt`` is
+                       not bound by it and can go below 1)
+    straggler_ceiling  mean/max of the ranks' total batch cost: no order of this schedule's batches has a higher
+                       straggler efficiency (for ``odb_dealt``: of what each rank was dealt)
+    shard_token_ceiling, packed_use_ceiling  the same bound from the fixed shards' tokens alone (policy-free; exact
+                       for a packed cost), and the packed budget use no schedule of these shards beats (per grid
+                       point, not per method)
+    decision_ms        policy time per rank and round (summarize+propose+partition), mean (``odb_dealt``: the
+                       dealer's arithmetic is not in it)
 """
 
 from __future__ import annotations

@@ -5,26 +5,21 @@ Launch (what `paper_repro.repro` does)::
     python -m torch.distributed.run --standalone --nproc_per_node 2 \
         -m paper_repro.train --spec SPEC.json --out OUT.json
 
-SPEC.json is one `paper_repro.repro.RunSpec` (as a dict): the workload, the
-net, full fine-tuning or LoRA, the token budget, the methods to run.  Every
-method trains a fresh copy of the same net (same init seed) on the same
-samples, for the same number of epochs, with the same learning-rate schedule
-defined on *samples seen* (so a method with bigger batches takes fewer, larger
-steps along the same curve), one after another in this process group so that
-the ratios are measured under the same machine load.
+SPEC.json is one `paper_repro.repro.RunSpec` (as a dict): the workload, the net, full fine-tuning or LoRA, the token
+budget, the methods to run.  Every method trains a fresh copy of the same net (same init seed) on the same samples,
+for the same number of epochs, with the same learning-rate schedule defined on *samples seen* (so a method with
+bigger batches takes fewer, larger steps along the same curve), one after another in this process group so that the
+ratios are measured under the same machine load.
 
-Repeats (the measurement protocol): after ``spec["warmup_steps"]`` unmeasured
-steps, ``spec["repeats"]`` rounds run every method once each, interleaved and
-rotated (round r starts at method r: A B C, B C A, C A B), so a slow stretch of
-the machine lands on different methods and positions.  Every repeat of a method
-is a fresh net on the same samples: its batches, steps and losses are the same
-in every round (recorded, not assumed), only the clock differs.  Process start,
-imports and data building are paid once per job, outside every measurement;
-the garbage of the previous repeat is collected before the next one starts.
-A run during which other programs kept more than ``spec["max_load_cores"]``
-cores busy (measured, `paper_repro.cpu`) is rerun at once (`rerun`), within a
-per-job budget; the least loaded attempt is kept (`keep_attempt`: chosen on the
-machine's load, never on the run's own speed) and the others are recorded.
+Repeats (the measurement protocol): after ``spec["warmup_steps"]`` unmeasured steps, ``spec["repeats"]`` rounds run
+every method once each, interleaved and rotated (round r starts at method r: A B C, B C A, C A B), so a slow stretch
+of the machine lands on different methods and positions.  Every repeat of a method is a fresh net on the same
+samples: its batches, steps and losses are the same in every round (recorded, not assumed), only the clock differs.
+Process start, imports and data building are paid once per job, outside every measurement; the garbage of the
+previous repeat is collected before the next one starts.  A run during which other programs kept more than
+``spec["max_load_cores"]`` cores busy (measured, `paper_repro.cpu`) is rerun at once (`rerun`), within a per-job
+budget; the least loaded attempt is kept (`keep_attempt`: chosen on the machine's load, never on the run's own
+speed) and the others are recorded.
 
 Methods (per rank, `world_size` ranks):
     standard1   fixed batch of 1 per rank (the paper's public examples), DistributedSampler,
@@ -36,32 +31,12 @@ Methods (per rank, `world_size` ranks):
     odb_pad     odb.ODBDataLoader(mode="pad")
     odb_join    odb.ODBDataLoader(mode="join") with DDP `Join` on the model side
 
-Gradient accumulation (the quality protocol): the paper's recipes run Standard
-as per-device batch 1 *with* an effective batch.  Here that effective batch is
-matched to ODB: ``spec["accum_match"]`` names a method that runs earlier in the
-same job (``"odb_pad"``); its mean global samples per optimizer step S fixes
-``accum = max(1, round(S / (world_size * batch)))`` micro-batches per optimizer
-step for every method listed in ``spec["accum_methods"]``.  Accumulated
-micro-batches run under ``DDP.no_sync`` (one gradient all-reduce per optimizer
-step, as HF/Accelerate do) and each is weighted 1/accum; an epoch's last group
-may be shorter and is weighted by its own length.  So at equal samples seen,
-ODB and Standard have taken about the same number of optimizer steps with the
-same learning rate (the schedule is on samples; sqrt scaling on the global
-samples of the optimizer step).
+Gradient accumulation (the quality protocol): Standard runs with an effective batch matched to ODB (`accum_for`).
+Loss: each rank computes the mean next-token loss over its label tokens; ODB batches multiply it by
+``info.loss_scale`` (global label-token mean after DDP's average); fixed batches use the plain per-rank mean (what
+HF/DDP users get).
 
-Loss: each rank computes the mean next-token loss over its label tokens; ODB
-batches multiply it by ``info.loss_scale`` (global label-token mean after DDP's
-average); fixed batches use the plain per-rank mean (what HF/DDP users get).
-
-Output (rank 0 writes OUT.json): per method, one record per repeat: wall time
-of the training loop (evaluation excluded; each epoch from ``iter()`` to its
-last batch), time to the first batch (epoch 0, and summed over epochs: ODB's
-window fill), the one-off setup before training (GMT/BMT's length cache),
-emitted samples, real and padded tokens, steps, loader wait fraction, the CPU
-split of the loop (`paper_repro.cpu`), the exactly-once check (every dataset
-index emitted once per epoch over all ranks), validation loss at the end of
-each epoch (equal samples seen for every method); round 0 also keeps the
-per-step (samples seen, train loss) for the loss curves.
+Output (rank 0 writes OUT.json): per method, one record per repeat (`_merge` gives its fields).
 """
 
 from __future__ import annotations
@@ -217,7 +192,16 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
 
 
 def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
-    """Micro-batches per optimizer step for `method` (the quality protocol in the module docstring).
+    """Micro-batches per optimizer step for `method` (the quality protocol).
+
+    The paper's recipes run Standard as per-device batch 1 *with* an effective batch.  Here that effective batch is
+    matched to ODB: ``spec["accum_match"]`` names a method that runs earlier in the same job (``"odb_pad"``); its mean
+    global samples per optimizer step S fixes ``accum = max(1, round(S / (world_size * batch)))`` micro-batches per
+    optimizer step for every method listed in ``spec["accum_methods"]``.  Accumulated micro-batches run under
+    ``DDP.no_sync`` (one gradient all-reduce per optimizer step, as HF/Accelerate do) and each is weighted 1/accum; an
+    epoch's last group may be shorter and is weighted by its own length.  So at equal samples seen, ODB and Standard
+    have taken about the same number of optimizer steps with the same learning rate (the schedule is on samples;
+    sqrt scaling on the global samples of the optimizer step).
 
     1 unless `method` is in spec["accum_methods"]; then matched to the mean global samples per
     optimizer step of spec["accum_match"], which must have run already in this job (every rank
@@ -238,7 +222,15 @@ def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
 
 
 def _merge(recs: list[dict], num_train: int, epochs: int) -> dict:
-    """Combine the ranks' records of one repeat into one method record (rank 0)."""
+    """Combine the ranks' records of one repeat into one method record (rank 0).
+
+    Per method, one record per repeat (what rank 0 writes to OUT.json): wall time of the training loop (evaluation
+    excluded; each epoch from ``iter()`` to its last batch), time to the first batch (epoch 0, and summed over
+    epochs: ODB's window fill), the one-off setup before training (GMT/BMT's length cache), emitted samples, real and
+    padded tokens, steps, loader wait fraction, the CPU split of the loop (`paper_repro.cpu`), the exactly-once check
+    (every dataset index emitted once per epoch over all ranks), validation loss at the end of each epoch (equal
+    samples seen for every method); round 0 also keeps the per-step (samples seen, train loss) for the loss curves.
+    """
     r0 = dict(recs[0])
     out = {k: r0[k] for k in ("method", "val_loss", "notes", "accum", "curve")}
     out["wall_s"] = max(r["train_s"] for r in recs)

@@ -1,74 +1,29 @@
 """ODB in the Hugging Face `transformers.Trainer` (and its subclasses).
 
-Use `ODBTrainer` in place of `Trainer`, `ODBSeq2SeqTrainer` in place of
-`Seq2SeqTrainer`, or put `ODBTrainerMixin` first in the bases of any other
-Trainer subclass (for TRL's ``SFTTrainer``: `odb.integrations.trl.ODBSFTTrainer`)::
+Use `ODBTrainer` in place of `Trainer`, `ODBSeq2SeqTrainer` in place of `Seq2SeqTrainer`, or put `ODBTrainerMixin`
+first in the bases of any other Trainer subclass (for TRL's ``SFTTrainer``: `odb.integrations.trl.ODBSFTTrainer`)::
 
     trainer = ODBTrainer(model=model, args=args, train_dataset=ds, data_collator=collate,
                          odb_loader_kwargs={"token_budget": 4096, "mode": "pad"})
     trainer.train()
 
-What the mixin changes, all through the Trainer's public override points
-(`get_train_dataloader`, `get_batch_samples`, `compute_loss`,
-`create_scheduler`, `train`, a `TrainerCallback`); no Trainer attribute or
-class is patched:
+What the mixin changes, all through the Trainer's public override points (`get_train_dataloader`,
+`get_batch_samples`, `compute_loss`, `create_scheduler`, `train`, a `TrainerCallback`); no Trainer attribute or
+class is patched (`ODBTrainerMixin` gives the rules):
 
-* The TRAIN loader is an `odb.ODBDataLoader` over ``train_dataset`` (evaluation
-  and test loaders are the Trainer's own).  It is handed to the Trainer as one
-  continuous stream over epochs, without ``__len__``: the Trainer's own epoch
-  arithmetic (``len // accumulation``) would truncate or stretch an epoch of
-  variable-size batches.  The loader's epoch is set by the stream, once per
-  pass over the data, not by the Trainer.
-* Loss: each accumulation window of ``gradient_accumulation_steps`` batches is
-  fetched at once (the Trainer already prefetches it), and each micro-batch's
-  mean loss is multiplied by ``W * l_i / sum_window g_j`` (see
-  ``odb.integrations._common``).  The Trainer's own ``num_items_in_batch`` path
-  is not used for training (it would need one extra all-gather per step, and
-  would count PAD fillers); ``loss_is_scaled_for_ga = True`` tells
-  ``training_step`` the loss is already normalized over the window.  The result
-  equals the global per-token mean over every rank and micro-batch of the
-  window (tested numerically against the concatenated global batch).
-* Progress: the LR schedule (``args.lr_scheduler_type``, any LambdaLR schedule)
-  runs on emitted samples: ``num_training_steps`` is the sample budget and the
-  warmup is ``args.get_warmup_steps(budget)`` (so ``warmup_steps < 1`` is a
-  share of the samples, and ``warmup_steps >= 1`` is read as samples).  The
-  run stops after the optimizer step at which ``max_samples`` global samples
-  (default ``num_train_epochs * len(train_dataset)``) have been emitted.  If
-  ``args.max_steps <= 0`` it is set to the budget, an upper bound on optimizer
-  steps that the Trainer needs for its bookkeeping (set before the Trainer
-  checks it, so an ``IterableDataset`` needs no ``max_steps``); a positive
-  ``max_steps`` stays an extra cap.  The last window of the run is completed
-  with zero-weight repeats of its last batch so the optimizer steps at the same
-  micro-step on every rank.  The progress bar counts global samples (of
-  ``max_samples``), and the logged ``epoch`` is ``samples / len(train_dataset)``
-  (for an ``IterableDataset``: the completed passes until one pass was seen
-  whole, then ``samples / samples of that pass``): the Trainer's own bar and
-  epoch are computed from ``max_steps``, which is only a bound here.
-* An ``IterableDataset`` (a ``datasets.IterableDataset`` after
-  ``split_dataset_by_node``, or any torch one that yields this rank's shard):
-  with ``max_samples`` the run stops there; without it, it runs
-  ``num_train_epochs`` whole passes (an int), and its end is the stream's end,
-  the same step on every rank in PAD mode.  Without ``max_samples`` the number
-  of samples is not known in advance, so only a schedule that needs no horizon
-  runs (``constant``, or ``constant_with_warmup`` with ``warmup_steps`` samples,
-  ``>= 1``); another is refused (`ConfigError`) rather than guessed.  The
-  loader forwards ``set_epoch`` to the dataset, so a shuffled
-  ``datasets.IterableDataset`` gets a new order every epoch.
-* Checkpoints: every rank writes ``odb_rank<r>.pt`` (loader state + progress)
-  into the Trainer's ``checkpoint-<step>`` folder; ``train(resume_from_checkpoint=...)``
-  restores it, and ``args.ignore_data_skip`` is set True because the loader
-  resumes at its exact position (skipping batches on top would lose data).
+* the TRAIN loader: an `odb.ODBDataLoader` over ``train_dataset``, one continuous stream over epochs;
+* the loss: each micro-batch's mean loss times its window weight, so a window's loss is the global per-token mean;
+* progress: the LR schedule, the stop (``max_samples``) and the progress bar run on emitted samples;
+* an ``IterableDataset``: stops at ``max_samples``, or runs ``num_train_epochs`` whole passes;
+* checkpoints: every rank writes and restores ``odb_rank<r>.pt`` in the Trainer's ``checkpoint-<step>`` folder.
 
-Limits: mode ``"join"`` is refused (`ConfigError`): the Trainer has no public
-hook that wraps its loop in DDP ``Join``; use ``"pad"`` (default) or
-``"quota"``.  ``auto_find_batch_size`` and hyperparameter search are not
-supported.  Columns are not removed from a ``datasets.Dataset`` (the collate
-function must build model inputs itself).  For a causal LM with
-``loss_basis="label_tokens"`` the loader must count labels as the shifted loss
-sees them: pass ``shift_labels=True`` in ``odb_loader_kwargs`` (counts
-``labels[1:]``), or keep the default and set ``labels[0] = -100`` in every
-sample (position 0 is never a prediction target); with the default, the latter
-is checked per batch, `ConfigError` otherwise.
+Limits: mode ``"join"`` is refused (`ConfigError`): the Trainer has no public hook that wraps its loop in DDP
+``Join``; use ``"pad"`` (default) or ``"quota"``.  ``auto_find_batch_size`` and hyperparameter search are not
+supported.  Columns are not removed from a ``datasets.Dataset`` (the collate function must build model inputs
+itself).  For a causal LM with ``loss_basis="label_tokens"`` the loader must count labels as the shifted loss sees
+them: pass ``shift_labels=True`` in ``odb_loader_kwargs`` (counts ``labels[1:]``), or keep the default and set
+``labels[0] = -100`` in every sample (position 0 is never a prediction target); with the default, the latter is
+checked per batch, `ConfigError` otherwise.
 """
 
 from __future__ import annotations
@@ -203,16 +158,51 @@ def _resume_state(folder: str, loader) -> dict:
 
 
 class ODBTrainerMixin:
-    """Trainer mixin: the train loader is an `odb.ODBDataLoader` (module doc).
+    """Trainer mixin: the train loader is an `odb.ODBDataLoader` (the rules below).
 
     Extra keyword arguments: ``odb_loader_kwargs`` (a dict passed to
     `odb.ODBDataLoader`, or an `odb.runtime.settings.LoaderSettings`; ``collate_fn`` defaults to ``data_collator``,
     ``seed`` to ``args.seed``, ``num_workers`` to ``args.dataloader_num_workers``)
     and ``max_samples`` (the sample budget; default
     ``num_train_epochs * len(train_dataset)``; for an IterableDataset, None runs
-    ``num_train_epochs`` whole passes: module doc).  After training,
+    ``num_train_epochs`` whole passes: below).  After training,
     ``odb_progress`` holds the samples, micro-steps, optimizer steps and epochs
     run, and ``odb_loader.stats`` the loader's counters.
+
+    * The TRAIN loader is an `odb.ODBDataLoader` over ``train_dataset`` (evaluation and test loaders are the
+      Trainer's own).  It is handed to the Trainer as one continuous stream over epochs, without ``__len__``: the
+      Trainer's own epoch arithmetic (``len // accumulation``) would truncate or stretch an epoch of variable-size
+      batches.  The loader's epoch is set by the stream, once per pass over the data, not by the Trainer.
+    * Loss: each accumulation window of ``gradient_accumulation_steps`` batches is fetched at once (the Trainer
+      already prefetches it), and each micro-batch's mean loss is multiplied by ``W * l_i / sum_window g_j`` (see
+      ``odb.integrations._common``).  The Trainer's own ``num_items_in_batch`` path is not used for training (it
+      would need one extra all-gather per step, and would count PAD fillers); ``loss_is_scaled_for_ga = True`` tells
+      ``training_step`` the loss is already normalized over the window.  The result equals the global per-token mean
+      over every rank and micro-batch of the window (tested numerically against the concatenated global batch).
+    * Progress: the LR schedule (``args.lr_scheduler_type``, any LambdaLR schedule) runs on emitted samples:
+      ``num_training_steps`` is the sample budget and the warmup is ``args.get_warmup_steps(budget)`` (so
+      ``warmup_steps < 1`` is a share of the samples, and ``warmup_steps >= 1`` is read as samples).  The run stops
+      after the optimizer step at which ``max_samples`` global samples (default
+      ``num_train_epochs * len(train_dataset)``) have been emitted.  If ``args.max_steps <= 0`` it is set to the
+      budget, an upper bound on optimizer steps that the Trainer needs for its bookkeeping (set before the Trainer
+      checks it, so an ``IterableDataset`` needs no ``max_steps``); a positive ``max_steps`` stays an extra cap.
+      The last window of the run is completed with zero-weight repeats of its last batch so the optimizer steps at
+      the same micro-step on every rank.  The progress bar counts global samples (of ``max_samples``), and the
+      logged ``epoch`` is ``samples / len(train_dataset)`` (for an ``IterableDataset``: the completed passes until
+      one pass was seen whole, then ``samples / samples of that pass``): the Trainer's own bar and epoch are
+      computed from ``max_steps``, which is only a bound here.
+    * An ``IterableDataset`` (a ``datasets.IterableDataset`` after ``split_dataset_by_node``, or any torch one that
+      yields this rank's shard): with ``max_samples`` the run stops there; without it, it runs ``num_train_epochs``
+      whole passes (an int), and its end is the stream's end, the same step on every rank in PAD mode.  Without
+      ``max_samples`` the number of samples is not known in advance, so only a schedule that needs no horizon runs
+      (``constant``, or ``constant_with_warmup`` with ``warmup_steps`` samples, ``>= 1``); another is refused
+      (`ConfigError`) rather than guessed.  The loader forwards ``set_epoch`` to the dataset, so a shuffled
+      ``datasets.IterableDataset`` gets a new order every epoch.
+    * Checkpoints: every rank writes ``odb_rank<r>.pt`` (loader state + progress) into the Trainer's
+      ``checkpoint-<step>`` folder; ``train(resume_from_checkpoint=...)`` restores it, and ``args.ignore_data_skip``
+      is set True because the loader resumes at its exact position (skipping batches on top would lose data).
+
+    Limits: module doc.
     """
 
     # The loss returned by compute_loss is normalized over the whole window (public Trainer switch).
@@ -315,7 +305,7 @@ class ODBTrainerMixin:
         return p.samples / seen if seen else float(p.epoch)
 
     def get_train_dataloader(self):
-        """The train stream over an `odb.ODBDataLoader` (module doc); restores it when resuming."""
+        """The train stream over an `odb.ODBDataLoader` (`ODBTrainerMixin`); restores it when resuming."""
         if self.odb_loader is not None:
             self.odb_loader.close()
         self.odb_loader = make_loader(self.train_dataset, self.odb_loader_kwargs, collate_fn=self.data_collator,

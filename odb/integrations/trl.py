@@ -10,7 +10,7 @@ argument works as before (``peft_config``, ``SFTConfig(padding_free=True)``, a `
                             odb_loader_kwargs={"token_budget": 4096})
     trainer.train()
 
-Everything the HF adapter does applies (its module doc): the train loader is an `odb.ODBDataLoader`
+Everything the HF adapter does applies (`ODBTrainerMixin`): the train loader is an `odb.ODBDataLoader`
 over the dataset SFTTrainer prepared (tokenized, labels built, truncated), collated by SFTTrainer's
 own ``data_collator``; the loss of each micro-batch is SFTTrainer's mean over its label tokens times
 the window weight; progress, the schedule and checkpoints run on samples.  What differs:

@@ -4,8 +4,7 @@ Legend
     N       number of ranks (any N >= 1; never appears in the table)
     W       window: samples a rank holds per round, carry included (cfg ``W`` >= 1)
     mode    PAD (0), JOIN (1) or QUOTA (2) (cfg ``mode``)
-    round   one header collective (an all-gather of a fixed-size header), then
-            the decided number of local batches
+    round   one header collective (an all-gather of a fixed-size header), then the decided number of local batches
 
 One round, as every rank runs it (one row = one ``step()`` of the runtime):
 
@@ -17,36 +16,27 @@ One round, as every rank runs it (one row = one ``step()`` of the runtime):
     EMIT --emit_group / emit_filler-----> EMIT    one local batch per step
     EMIT --end_round--------------------> FILL
 
-Grouping is a contract, not modelled sample by sample: at ``return_go`` the
-rank's grouping policy picks ``use`` (samples to emit this round, the rest is
-carried to the next round) within ``[real, buf]``; each ``emit_group`` picks
-``take`` (the batch's sample count) so that the ``real`` batches are non-empty
-and together hold exactly ``use`` samples.  The bounds are part of the rows and
-are checked at run time and in every trace.
+Grouping is a contract, not modelled sample by sample: at ``return_go`` the rank's grouping policy picks ``use``
+(samples to emit this round, the rest is carried to the next round) within ``[real, buf]``; each ``emit_group`` picks
+``take`` (the batch's sample count) so that the ``real`` batches are non-empty and together hold exactly ``use``
+samples.  The bounds are part of the rows and are checked at run time and in every trace.
 
-Aborts are part of the table, not a side channel: a rank that must stop
-(its consumer closed the loader, or its data source raised) sees ``in.quit > 0``
-(its own local status: 1 closed, 2 failed), stops fetching, and posts its
-next header with ``st = in.quit``.  The collective's ``max_st`` then sends
-every rank to DONE in the same round through ``return_abort`` (``aborted = true``),
-so a stopping rank never leaves its peers blocked in a collective.
+Aborts are part of the table, not a side channel: a rank that must stop (its consumer closed the loader, or its data
+source raised) sees ``in.quit > 0`` (its own local status: 1 closed, 2 failed), stops fetching, and posts its next
+header with ``st = in.quit``.  The collective's ``max_st`` then sends every rank to DONE in the same round through
+``return_abort`` (``aborted = true``), so a stopping rank never leaves its peers blocked in a collective.
 
-The decision (`LETS`) reads only `Input`s that come from the collective
-(aggregates of every rank's header, and the policy's proposal, a pure function
-of the gathered headers), never the rank's own fields, so every rank takes
-every branch together.  The rank's own fields enter only after the decision,
-to turn the common target ``T`` into its local counts.
+The decision (`LETS`) reads only collective `Input`s (aggregates of every rank's header, and the policy's proposal, a
+pure function of the gathered headers), never the rank's own fields, so every rank takes every branch together.  The
+rank's own fields enter only after the decision, to turn the common target ``T`` into its local counts.
 
 Modes (each a property proved in ``proofs/``):
-    PAD    every rank emits exactly ``T`` batches every round; a rank short of
-           samples emits zero-weight fillers; the epoch ends when every window is
-           empty.  Every sample exactly once; equal step counts; no ``Join``.
-    JOIN   ``T`` never exceeds the smallest non-empty window, so every rank with
-           data emits exactly ``T`` real batches; a rank without data emits none
-           (the model side uses DDP ``Join``).  Every sample exactly once.
-    QUOTA  ``T`` never exceeds the smallest window; the epoch ends for all
-           ranks at the first round in which some rank has nothing left.
-           Equal step counts; unemitted samples are bounded and reported.
+    PAD    every rank emits exactly ``T`` batches every round; a rank short of samples emits zero-weight fillers; the
+           epoch ends when every window is empty.  Every sample exactly once; equal step counts; no ``Join``.
+    JOIN   ``T`` never exceeds the smallest non-empty window, so every rank with data emits exactly ``T`` real
+           batches; a rank without data emits none (the model side uses DDP ``Join``).  Every sample exactly once.
+    QUOTA  ``T`` never exceeds the smallest window; the epoch ends for all ranks at the first round in which some
+           rank has nothing left.  Equal step counts; unemitted samples are bounded and reported.
 """
 
 from __future__ import annotations

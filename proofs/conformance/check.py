@@ -2,47 +2,36 @@
 
 Legend
     run      one pass of one loader: the files ``L<loader>_it<pass>_rank<r>.jsonl`` of every rank
-    event    one JSON line of a rank's trace: a fired row, a ``local_error`` (recorded;
-             the rank goes on to the abort round) or a ``failure`` (the error that
-             ended the rank's thread)
+    event    one JSON line of a rank's trace: a fired row, a ``local_error`` (recorded; the rank goes on to the abort
+             round) or a ``failure`` (the error that ended the rank's thread)
     round    the index of a header collective (0, 1, ...)
 
-Aborts are ordinary rows of the table (``post_header`` posts ``st = in.quit``,
-``return_abort`` fires on ``max_st > 0``), so they are replayed like every
-other row.  A run conforms when, for every rank:
+Aborts are ordinary rows of the table (``post_header`` posts ``st = in.quit``, ``return_abort`` fires on
+``max_st > 0``), so they are replayed like every other row.  A run conforms when, for every rank:
 
-1. **Local replay.** The first state is ``machine.initial_local``; each event's
-   ``before`` is the previous event's ``after``; exactly one row is enabled at
-   ``before`` under the event's recorded inputs (``machine.enabled_rows``) and it
-   is the logged row; ``machine.fire`` with the logged choices reproduces
-   ``after``, the effect, the posted payload (``n`` and ``st``) and the emitted
-   count.  The ``quit`` a rank reads goes from 0 to one non-zero value at most
-   once, and after a ``local_error`` the next read of ``quit`` is non-zero.
-2. **Collectives.** Each rank posted rounds 0, 1, 2, ... in order and collected
-   each round it posted; for every collected round every rank posted; the
-   headers each rank received (``st``, ``n``, shape, summary, round slot) equal
-   the payloads the ranks posted; the collective inputs each rank read (``max_st``
-   included) equal ``machine.collective_inputs`` recomputed from those payloads;
-   all ranks got the same proposal, within the table's proposal bounds, and (for
-   the default policy) equal to ``odb.core.round_proposal`` of the posted
-   summaries (``policy.propose``, or the table's lower bound in an abort round).
-   The replicated fields each rank received (``epoch`` and the digest: dealer
-   CRC, previous target, previous proposal; `odb.core.header.REPLICATED`) equal
-   what the ranks posted, agree across ranks, and the digest's target and
-   proposal equal the previous round's as recomputed here (the table's
-   ``Let("target")`` on the collective inputs).  Ranks that finished agree on
+1. **Local replay.** The first state is ``machine.initial_local``; each event's ``before`` is the previous event's
+   ``after``; exactly one row is enabled at ``before`` under the event's recorded inputs (``machine.enabled_rows``)
+   and it is the logged row; ``machine.fire`` with the logged choices reproduces ``after``, the effect, the posted
+   payload (``n`` and ``st``) and the emitted count.  The ``quit`` a rank reads goes from 0 to one non-zero value at
+   most once, and after a ``local_error`` the next read of ``quit`` is non-zero.
+2. **Collectives.** Each rank posted rounds 0, 1, 2, ... in order and collected each round it posted; for every
+   collected round every rank posted; the headers each rank received (``st``, ``n``, shape, summary, round slot)
+   equal the payloads the ranks posted; the collective inputs each rank read (``max_st`` included) equal
+   ``machine.collective_inputs`` recomputed from those payloads; all ranks got the same proposal, within the table's
+   proposal bounds, and (for the default policy) equal to ``odb.core.round_proposal`` of the posted summaries
+   (``policy.propose``, or the table's lower bound in an abort round).  The replicated fields each rank received
+   (``epoch`` and the digest: dealer CRC, previous target, previous proposal; `odb.core.header.REPLICATED`) equal
+   what the ranks posted, agree across ranks, and the digest's target and proposal equal the previous round's as
+   recomputed here (the table's ``Let("target")`` on the collective inputs).  Ranks that finished agree on
    ``aborted``.
-3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``;
-   every rank's trace ends in DONE, unless it ends with a ``failure`` line or the
-   rank is known to have been killed (`died`).
-4. **Happens-before.** The events of all ranks, in program order and joined by
-   an edge from every rank's post to every rank's collect of each collective,
-   form an acyclic graph in which all ranks' collectives line up in one total
-   order (`hb.happens_before`, networkx).  Its critical path (collectives and
-   events on the longest causal chain) is reported in ``RunReport.critical_path``.
+3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``; every rank's trace ends in DONE, unless
+   it ends with a ``failure`` line or the rank is known to have been killed (`died`).
+4. **Happens-before.** The events of all ranks, in program order and joined by an edge from every rank's post to
+   every rank's collect of each collective, form an acyclic graph in which all ranks' collectives line up in one
+   total order (`hb.happens_before`, networkx).  Its critical path (collectives and events on the longest causal
+   chain) is reported in ``RunReport.critical_path``.
 
-Nothing here re-implements a row: guards, updates and decisions come from
-`odb.protocol.machine`.
+Nothing here re-implements a row: guards, updates and decisions come from `odb.protocol.machine`.
 """
 from __future__ import annotations
 

@@ -2,49 +2,39 @@
 
 Legend
     N            a symbolic number of ranks, N >= 1; ``rank(j) := 0 <= j < N``
-    per-rank     every table field and every per-rank environment field
-                 (`models.logic.RANK_ENV`: src, d, posted, pn, pshape, qt, pst) is a z3
-                 function ``Int -> Int`` (``Int -> Bool`` for a bool field); see `Fn`
-    globals      ``k`` (collectives completed) and the mailbox of the last
-                 completed collective: max_st, max_n, min_n, min_pos_n, proposal
-    cfg          one z3 constant per ``Table.cfg`` entry (``W >= 1``; ``mode``
-                 fixed per proof); rigid: the same in the pre- and post-state
-    R            a rigid symbol for the rounds bound, read as ``GV("R")`` by the
-                 auxiliary invariants (see `proofs.symbolic.invariants`)
+    per-rank     every table field and every per-rank environment field (`models.logic.RANK_ENV`: src, d, posted,
+                 pn, pshape, qt, pst) is a z3 function ``Int -> Int`` (``Int -> Bool`` for a bool field); see `Fn`
+    globals      ``k`` (collectives completed) and the mailbox of the last completed collective: max_st, max_n,
+                 min_n, min_pos_n, proposal
+    cfg          one z3 constant per ``Table.cfg`` entry (``W >= 1``; ``mode`` fixed per proof); rigid: the same in
+                 the pre- and post-state
+    R            a rigid symbol for the rounds bound, read as ``GV("R")`` by the auxiliary invariants (see
+                 `proofs.symbolic.invariants`)
 
-Every transition is generated from the table through `odb.protocol.expr.to_z3`;
-nothing here knows a row by name.  A local row at rank ``i`` is: its phase, its
-guard, its choices as existential parameters within their bounds (each bound
-reads the choices before it, as `odb.protocol.machine.choice_bounds` does), and
-a post-state in which each updated field is ``Store(f, i, e)`` (`Fn.store`) (updates are
-simultaneous: every right-hand side reads the pre-state), ``ph`` is
-``Store(ph, i, phase_to)``, and every other array and global is the pre-state's
-term itself (the frame, generated from the row's update list).  The post-state
-is a term of the pre-state and the parameters, so a frame can never be
-forgotten.  The environment effects are those of `models.env.Model`:
+Every transition is generated from the table through `odb.protocol.expr.to_z3`; nothing here knows a row by name.  A
+local row at rank ``i`` is: its phase, its guard, its choices as existential parameters within their bounds (each
+bound reads the choices before it, as `odb.protocol.machine.choice_bounds` does), and a post-state in which each
+updated field is ``Store(f, i, e)`` (`Fn.store`) (updates are simultaneous: every right-hand side reads the
+pre-state), ``ph`` is ``Store(ph, i, phase_to)``, and every other array and global is the pre-state's term itself
+(the frame, generated from the row's update list).  The post-state is a term of the pre-state and the parameters, so
+a frame can never be forgotten.  The environment effects are those of `models.env.Model`:
 
-    fetch     ``src[i] -= 1`` iff the row read ``in.src_has`` (short-circuit
-              evaluation, as `machine.fire` records it) and it was true
-    post      ``posted[i] = 1``, ``pn[i] = payload n``, ``pst[i] = payload st``,
-              ``pshape[i] = shape``
-    complete  ``forall j. rank(j) => ph[j] = WAIT and rd[j] = k and posted[j] = 1
-              and pshape[j] = s`` (one common shape ``s``); each aggregate is a
-              parameter ``m`` with ``forall j. of(j) <= m`` (max; ``>=`` for min)
-              and a witness rank ``w`` with ``of(w) = m``; the proposal is a
-              parameter within the table's proposal bounds; ``k += 1``; the
-              mailbox slots get the aggregates in table order then the proposal;
-              posted, pn, pshape and pst become 0 everywhere (qt is kept).
-    quit      (`models.env.Model.quit_successors`, any number of ranks: the all-N
-              proofs allow every rank to stop) at a rank ``i`` with ``qt[i] = 0``
-              and ``ph[i] != DONE``: ``qt[i] = 1``, everything else framed.
+    fetch     ``src[i] -= 1`` iff the row read ``in.src_has`` (short-circuit evaluation, as `machine.fire` records it)
+              and it was true
+    post      ``posted[i] = 1``, ``pn[i] = payload n``, ``pst[i] = payload st``, ``pshape[i] = shape``
+    complete  ``forall j. rank(j) => ph[j] = WAIT and rd[j] = k and posted[j] = 1 and pshape[j] = s`` (one common
+              shape ``s``); each aggregate is a parameter ``m`` with ``forall j. of(j) <= m`` (max; ``>=`` for min)
+              and a witness rank ``w`` with ``of(w) = m``; the proposal is a parameter within the table's proposal
+              bounds; ``k += 1``; the mailbox slots get the aggregates in table order then the proposal; posted, pn,
+              pshape and pst become 0 everywhere (qt is kept).
+    quit      (`models.env.Model.quit_successors`, any number of ranks: the all-N proofs allow every rank to stop) at
+              a rank ``i`` with ``qt[i] = 0`` and ``ph[i] != DONE``: ``qt[i] = 1``, everything else framed.
 
-Inputs a guard reads (`models.env.Model.inputs`): ``src_has = src[i] > 0``,
-``quit = qt[i]``, ``ready = (k == rd[i] + 1)``, the collective inputs = the
-mailbox globals.
+Inputs a guard reads (`models.env.Model.inputs`): ``src_has = src[i] > 0``, ``quit = qt[i]``,
+``ready = (k == rd[i] + 1)``, the collective inputs = the mailbox globals.
 
-Anything the table asks for that the environment does not provide (an unknown
-input, field, header field or parameter, an ill-sorted update) raises
-`EncodingError`, which the prover turns into a failed verdict.
+Anything the table asks for that the environment does not provide (an unknown input, field, header field or
+parameter, an ill-sorted update) raises `EncodingError`, which the prover turns into a failed verdict.
 """
 
 from __future__ import annotations

@@ -1,57 +1,39 @@
 """The all-N proofs: inductive invariant, properties, deadlock freedom, bounded termination, non-vacuity.
 
-For one table and one mode, with ``N >= 1``, ``W >= 1`` and every shard size
-``d_i >= 0`` symbolic, each obligation is one z3 query with a timeout; a query
-must come back ``unsat`` (``sat`` for a non-vacuity check).  z3 ``unknown``
-(a timeout included) is never a pass.
+For one table and one mode, with ``N >= 1``, ``W >= 1`` and every shard size ``d_i >= 0`` symbolic, each obligation is
+one z3 query with a timeout; a query must come back ``unsat`` (``sat`` for a non-vacuity check).  z3 ``unknown`` (a
+timeout included) is never a pass.
 
-Obligations (``Inv`` is the conjunction of `invariants.for_mode(mode)`,
-``Ax`` the rounds-bound axiom on the rigid symbol R):
+Obligations (``Inv`` is the conjunction of `invariants.for_mode(mode)`, ``Ax`` the rounds-bound axiom on the rigid
+symbol R):
 
-    inductive_invariant  Init & Ax => c, and Inv & Ax & T => c' for every
-                         transition T (each row at a symbolic rank, complete, and
-                         the environment's quit at a symbolic rank)
-                         and every conjunct c; a failure names the transition and
-                         the conjunct and prints a CTI as a two-state table
+    inductive_invariant  Init & Ax => c, and Inv & Ax & T => c' for every transition T (each row at a symbolic rank,
+                         complete, and the environment's quit at a symbolic rank) and every conjunct c; a failure
+                         names the transition and the conjunct and prints a CTI as a two-state table
     <property>           Inv => P for every ``always`` property of the mode
-    deadlock_free        Inv & (some rank not DONE) & (no row enabled at any rank,
-                         whatever choice) & (complete has no successor) is unsat
-                         (quit is not counted as progress: the system must move
-                         without the environment stopping anyone)
-    bounded_termination  per-rank lexicographic measure `invariants.MEASURE`:
-                         every row at i decreases mu_i (all components >= 0) and
-                         leaves mu_j, j != i; complete leaves every mu and raises
-                         k <= R; quit at i leaves every mu and budget and lowers
-                         `QUIT_BUDGET` (1 - qt_i, 1 at Init).  Budgets: every fetch row lowers `FETCH_BUDGET`
-                         (d_i + 1 at Init) and every other row lowers
-                         `ROUND_BUDGET` (<= W + 3) within a round or moves to the
-                         next round index (`ROUND_INDEX`, always in [0, R - 1]).
-                         Together: `BOUND_FORMULA`.
-    local_determinism    Inv & (rows a != b both enabled at one rank, whatever
-                         choices) is unsat, for every pair of rows leaving the same
-                         phase: the inputs a rank gets decide its next row (the
-                         explicit engine checks the same at small N)
-    non_vacuity          Init & Inv & Ax, and Inv & Ax & T for every transition, and
-                         the deadlock query's hypotheses, are satisfiable; rows in
-                         `invariants.NEVER_FIRES` must instead be unsat
+    deadlock_free        Inv & (some rank not DONE) & (no row enabled at any rank, whatever choice) & (complete has
+                         no successor) is unsat (quit is not counted as progress: the system must move without the
+                         environment stopping anyone)
+    bounded_termination  per-rank lexicographic measure `invariants.MEASURE`: every row at i decreases mu_i (all
+                         components >= 0) and leaves mu_j, j != i; complete leaves every mu and raises k <= R; quit
+                         at i leaves every mu and budget and lowers `QUIT_BUDGET` (1 - qt_i, 1 at Init).  Budgets:
+                         every fetch row lowers `FETCH_BUDGET` (d_i + 1 at Init) and every other row lowers
+                         `ROUND_BUDGET` (<= W + 3) within a round or moves to the next round index (`ROUND_INDEX`,
+                         always in [0, R - 1]).  Together: `BOUND_FORMULA`.
+    local_determinism    Inv & (rows a != b both enabled at one rank, whatever choices) is unsat, for every pair of
+                         rows leaving the same phase: the inputs a rank gets decide its next row (the explicit engine
+                         checks the same at small N)
+    non_vacuity          Init & Inv & Ax, and Inv & Ax & T for every transition, and the deadlock query's
+                         hypotheses, are satisfiable; rows in `invariants.NEVER_FIRES` must instead be unsat
     <property>: falsifiable
-                         not P is satisfiable over an *unconstrained* state (N >= 1,
-                         W >= 1, the mode; every rank field and environment field
-                         arbitrary within its kind; no Init, no Inv, no axiom): an
-                         ``always`` property that no state violates is a tautology
-                         (a typo such as ``nb_j == nb_j``) and proves nothing, so
-                         ``unsat`` fails; ``unknown`` fails too
+                         not P is satisfiable over an *unconstrained* state: a tautology proves nothing and fails
+                         (`falsifiability` gives the rule)
     witnesses_imply_antecedents
-                         every ``always`` property of the mode names a ``sometimes``
-                         witness for the mode (`models.properties.witness_for`), and
-                         W & not antecedent(P) is unsat over unconstrained states:
-                         the witness is about the property's premise, so its explicit
-                         reachability (`proofs.report`'s every_witness_found) shows
-                         the premise is reachable and P does not hold vacuously
+                         every ``always`` property of the mode names a ``sometimes`` witness that implies its
+                         antecedent, so P does not hold vacuously (`witness_check` gives the rule)
 
-The properties, deadlock and termination verdicts are gated on the invariant:
-under a non-inductive invariant they prove nothing, so they are reported
-"unknown" (not attempted) when the invariant fails.  The falsifiability and
+The properties, deadlock and termination verdicts are gated on the invariant: under a non-inductive invariant they
+prove nothing, so they are reported "unknown" (not attempted) when the invariant fails.  The falsifiability and
 witness checks read no invariant, so they always run.
 """
 
@@ -406,7 +388,12 @@ def falsifiability(table: Table = DGAP, mode: int = 0, properties: tuple[Propert
     """``<property>: falsifiable`` for every ``always`` property of `mode` (default: those of
     `models.properties` for the mode): some unconstrained state violates it (z3 ``sat``; the
     verdict's ``extra["violated_by"]`` shows one).  ``unsat`` (a tautology) fails, and so does
-    ``unknown``.  Never raises because of the table."""
+    ``unknown``.  Never raises because of the table.
+
+    Not P is satisfiable over an *unconstrained* state (N >= 1, W >= 1, the mode; every rank field and environment
+    field arbitrary within its kind; no Init, no Inv, no axiom): an ``always`` property that no state violates is a
+    tautology (a typo such as ``nb_j == nb_j``) and proves nothing, so ``unsat`` fails; ``unknown`` fails too.
+    """
     mname = MODE_NAMES.get(mode, str(mode))
     props = [p for p in (properties_for_mode(mode) if properties is None else properties)
              if p.kind == "always" and mode in p.modes]
@@ -433,8 +420,14 @@ def falsifiability(table: Table = DGAP, mode: int = 0, properties: tuple[Propert
 
 def witness_check(table: Table = DGAP, mode: int = 0, properties: tuple[Property, ...] = ALL_PROPERTIES,
                   timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verdict:
-    """``witnesses_imply_antecedents`` for `mode` (module docstring): every ``always`` property of the
-    mode names a witness for the mode, and the witness implies the property's antecedent."""
+    """``witnesses_imply_antecedents`` for `mode`: every ``always`` property of the
+    mode names a witness for the mode, and the witness implies the property's antecedent.
+
+    Every ``always`` property of the mode names a ``sometimes`` witness for the mode (`models.properties.witness_for`),
+    and W & not antecedent(P) is unsat over unconstrained states: the witness is about the property's premise, so its
+    explicit reachability (`proofs.report`'s every_witness_found) shows the premise is reachable and P does not hold
+    vacuously.
+    """
     mname = MODE_NAMES.get(mode, str(mode))
     method = "z3 all-N (witness & not antecedent unsat, unconstrained states)"
     t0 = time.perf_counter()
