@@ -2,7 +2,8 @@
 
 Writes ``paper_repro/results/quality_sim_<yyyymm>.md`` and ``.json``.  Every ODB and release-algorithm figure comes from
 `odb.core.sim`: the runtime's RankCore per rank (ranks driven through the DGAP table, PAD mode); GMT, BMT and Standard
-come from `odb.baselines` on the same lengths.  Methods: ``odb`` (the default policy) and ``release_reimpl`` run on
+come from `odb.baselines` on the same lengths, and so do the peers re-implemented from their public descriptions
+(`odb.baselines.peers.PEERS`: shuffled GMT, HF's BatchRebalanceSampler, Megatron's DP-balanced packing, KK).  Methods: ``odb`` (the default policy) and ``release_reimpl`` run on
 fixed, DistributedSampler-style strided shards; ``odb_dealt`` is the same policy with dealt shards:
 `odb.batching.deal.Dealer` deals positions of the one global order to the ranks as they consume them, from measured
 costs (each rank topped up to its per-round need, as the runtime does: `odb.core.sim`), so the fixed shards' ceiling
@@ -12,17 +13,17 @@ Grid: `grid` gives its points (default and ``--full``): distributions matched to
 long-tail mix (`paper_repro.distributions`), world sizes up to 64, windows (buffers, per rank) 64, 256, 1024.
 
 The released package itself (``--release-python PY``): PY is the python of a separate venv holding
-online-dynamic-batching 0.1.2 (its import name ``odb`` collides with ours).  A recipe that downloads no torch:
-``python -m venv V``; write the main venv's site-packages path into ``V/lib/python3.X/site-packages/main_venv.pth``;
-``V/bin/pip install --no-deps online_dynamic_batching-0.1.2-py3-none-any.whl``.  `measure_release_package` then runs
-``paper_repro/release_driver.py`` at `release_points()`.  ``make bench`` builds that venv as ``.venv-release`` (the
-Makefile's recipe) and passes it.
+online-dynamic-batching 0.1.2 (its import name ``odb`` collides with ours); ``make bench`` builds it as
+``.venv-release`` with no torch of its own (a .pth file borrows the main venv's: the Makefile's recipe) and passes it.
+`measure_release_package` then runs ``paper_repro/release_driver.py`` at `release_points()`.
 
 Metrics (per method):
     steps              optimizer steps (one batch per rank each)
     budget_use         sum of batch costs / (steps x ranks x budget)
     padding            1 - real tokens / padded tokens (batch x longest)
     straggler_eff      sum over steps of mean rank cost / sum of max rank cost
+    step_time          sum over steps of the costliest rank's batch cost, in budgets (a step lasts as long as its
+                       slowest rank): what "ODB beats a peer" is judged on (`bench_targets.BEATS`)
     singletons         fraction of real batches holding one sample
     singletons_avoid   the same, leaving out samples that cannot share a batch even with the shortest sample (over
                        budget, or > B/2 padded)
