@@ -8,8 +8,10 @@ Three figures, each printed and returned by `main(out_dir)`:
    (summarize + propose + partition), and the wall time (which also counts
    thread hand-offs and other load on the machine); the least of 5 passes,
    every pass's figure kept beside it.  Target: < 50 us CPU per sample.
-2. ``ms_per_round``: one header all-gather (int64[7 + S + 3W], W = 256) on a
-   dedicated gloo group at 2 and 4 ranks, median over rounds.  Target: < 5 ms at 4 ranks.
+2. ``ms_per_round``: one round of the runtime's header collective (`odb.runtime.transport.HeaderGather`,
+   int64[7 + S + 4 + L + 3W]) and the decoding of the N headers, on loopback gloo at 2-16 ranks and
+   W = 64/256/1024, with a fitted model extrapolated to 4096 ranks (`collective_scaling`).  Target:
+   < 5 ms at 4 ranks, W = 256.
 3. ``wait_fraction``: time a small training loop (`paper_repro.nets.lm.TinyLM`,
    world size 1, one preprocessing worker) waits on the loader, over its total
    time.  Target: < 2 %.
@@ -36,8 +38,9 @@ import torch
 import odb
 from odb.batching import default_policy
 from odb.runtime.engine import header_layout
+from odb.runtime.transport import HeaderGather
 
-__all__ = ["main", "loader_overhead", "collective_round", "training_wait"]
+__all__ = ["main", "loader_overhead", "collective_round", "collective_scaling", "training_wait"]
 
 TARGETS = {"us_per_sample": 50.0, "ms_per_round_4": 5.0, "wait_fraction": 0.02}
 
@@ -112,44 +115,78 @@ def loader_overhead(num_samples: int = 20000, window: int = 256, budget: int = 8
             "cpu_us_per_sample_each_pass": [round(1e6 * r[2] / num_samples, 1) for r in runs]}
 
 
-def _gather_rank(rank: int, world_size: int, store: str, rounds: int, header_len: int, out: str) -> None:
+def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: int, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
-    send = torch.zeros(header_len, dtype=torch.int64)
-    recv = [torch.empty_like(send) for _ in range(world_size)]
-    times = []
+                            timeout=timedelta(seconds=120))
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
+    layout = header_layout(default_policy().summary_len, window)
+    gather = HeaderGather(group, world_size)  # the runtime's own round collective (odb.runtime.transport)
+    header = [0] * layout.length
+    gathered, decoded = [], []
     for k in range(rounds + 10):
         t0 = time.perf_counter()
-        dist.all_gather(recv, send, group=group, async_op=True).wait(timeout=timedelta(seconds=60))
+        gather.post(header)
+        rows = gather.collect(120)
+        t1 = time.perf_counter()
+        for r in rows:  # what the rank core does with the rows (`odb.core.rank.RankCore.collect`)
+            layout.decode(r)
         if k >= 10:
-            times.append(time.perf_counter() - t0)
+            gathered.append(t1 - t0)
+            decoded.append(time.perf_counter() - t1)
     with open(out, "w") as f:
-        json.dump(times, f)
+        json.dump({"gather": gathered, "decode": decoded}, f)
+    gather.release()
+    dist.barrier()
     dist.destroy_process_group()
 
 
 def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> dict:
+    """Median (and p90) seconds of one round's header all-gather and of decoding the N gathered headers,
+    on rank 0 of `world_size` loopback gloo processes."""
     header_len = header_layout(default_policy().summary_len, window).length
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(world_size)]
-        procs = [ctx.Process(target=_gather_rank, args=(r, world_size, store, rounds, header_len, outs[r]))
+        procs = [ctx.Process(target=_gather_rank, args=(r, world_size, store, rounds, window, outs[r]))
                  for r in range(world_size)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(120)
+            p.join(300)
             if p.is_alive():
                 p.kill()
         times = json.load(open(outs[0]))
-    return {"world_size": world_size, "header_ints": header_len, "rounds": len(times),
-            "ms_per_round_median": 1e3 * statistics.median(times),
-            "ms_per_round_p90": 1e3 * sorted(times)[int(0.9 * len(times))]}
+    g, d = sorted(times["gather"]), sorted(times["decode"])
+    return {"world_size": world_size, "window": window, "header_ints": header_len, "rounds": len(g),
+            "ms_per_round_median": 1e3 * statistics.median(g), "ms_per_round_p90": 1e3 * g[int(0.9 * len(g))],
+            "decode_ms_median": 1e3 * statistics.median(d)}
+
+
+def collective_scaling(worlds=(2, 4, 8, 16), windows=(64, 256, 1024), extrapolate=(64, 256, 1024, 4096)) -> dict:
+    """The round collective measured at each world size and window, and a stated model fitted to it.
+
+    Model (least squares on the medians): a gather costs ``a (N-1) + b (N-1) L`` ms for headers of L ints
+    (a ring all-gather moves N-1 headers into every rank), decoding ``c N L``.  Loopback on this machine's
+    cores, oversubscribed past 2 processes, so the fit is an upper bound of the per-hop cost here, not a
+    network's; the extrapolation is the model's arithmetic, not a measurement.
+    """
+    import numpy as np
+
+    runs = [collective_round(n, rounds=200 if n <= 4 else 60, window=w) for n in worlds for w in windows]
+    x = np.array([[r["world_size"] - 1, (r["world_size"] - 1) * r["header_ints"]] for r in runs], float)
+    a, b = np.linalg.lstsq(x, np.array([r["ms_per_round_median"] for r in runs]), rcond=None)[0]
+    nl = np.array([[r["world_size"] * r["header_ints"]] for r in runs], float)
+    c = float(np.linalg.lstsq(nl, np.array([r["decode_ms_median"] for r in runs]), rcond=None)[0][0])
+    length = runs[-1]["header_ints"] if runs else 0  # the largest window's header
+    model = [{"world_size": n, "window": max(windows), "header_ints": length,
+              "gather_ms": a * (n - 1) + b * (n - 1) * length, "decode_ms": c * n * length,
+              "bytes_in_per_rank": 8 * (n - 1) * length} for n in extrapolate]
+    return {"runs": runs, "fit": {"a_ms_per_hop": float(a), "b_ms_per_hop_int": float(b), "c_ms_per_int": c},
+            "model": model}
 
 
 class _Tokenizing(torch.utils.data.Dataset):
@@ -199,9 +236,10 @@ def main(out_dir) -> dict:
     figures = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
                            "load_average_1min_at_start": os.getloadavg()[0]}}
     figures["loader"] = loader_overhead()
-    figures["collective"] = [collective_round(2), collective_round(4)]
+    figures["collective"] = collective_scaling()
     figures["training"] = training_wait()
-    c4 = figures["collective"][1]["ms_per_round_median"]
+    c4 = next(r["ms_per_round_median"] for r in figures["collective"]["runs"]
+              if r["world_size"] == 4 and r["window"] == 256)
     figures["targets"] = {
         "cpu us_per_sample < 50": [round(figures["loader"]["cpu_us_per_sample"], 1),
                                    figures["loader"]["cpu_us_per_sample"] < TARGETS["us_per_sample"]],
@@ -209,6 +247,12 @@ def main(out_dir) -> dict:
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
     }
+    for r in figures["collective"]["runs"]:
+        print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} ({r['header_ints']} ints): gather "
+              f"{r['ms_per_round_median']:.2f} ms (p90 {r['ms_per_round_p90']:.2f}), decode {r['decode_ms_median']:.2f} ms")
+    for m in figures["collective"]["model"]:
+        print(f"round collective, MODEL (not measured): N={m['world_size']} W={m['window']}: gather "
+              f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, {m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
     for name, (value, met) in figures["targets"].items():
         print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}")
     out = Path(out_dir)

@@ -22,16 +22,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from datetime import timedelta
-
-import torch
-
 from ..batching.deal import intake_ladder
 from ..core.header import HeaderLayout
 from ..core.rank import CLOSED, FAILED, OK, Batch, RankCore
 from ..errors import RankFailure
 from ..protocol.table import DGAP
 from .trace import TraceWriter
+from .transport import HeaderGather
 
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
@@ -54,7 +51,7 @@ class Engine:
         self.out: queue.Queue = queue.Queue(maxsize=queue_size)
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
-        self._work = self._recv = self._solo = None
+        self.transport = HeaderGather(group, self.world_size)
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{self.rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------
@@ -86,7 +83,8 @@ class Engine:
                 self.trace.close()
             # Drop this thread's hold on the gloo group and its buffers: a process group kept alive by a
             # finished engine would otherwise be destroyed during interpreter finalization.
-            self.group = self._work = self._recv = self._solo = None
+            self.group = None
+            self.transport.release()
 
     def _loop(self) -> None:
         core, seq, status = self.core, 0, (lambda: self._quit)
@@ -165,27 +163,16 @@ class Engine:
     # -- the collective --------------------------------------------------------------
     def _enter(self, header: list[int]) -> None:
         """SYNC: every rank must reach this, once per round, in the same order."""
-        if self.group is None:
-            self._solo, self._work = [header], None
-            return
-        send = torch.tensor(header, dtype=torch.int64)
-        self._recv = [torch.empty_like(send) for _ in range(self.world_size)]
-        # SYNC: every rank must reach this (one fixed-shape all-gather per round)
-        self._work = torch.distributed.all_gather(self._recv, send, group=self.group, async_op=True)
+        self.transport.post(header)
 
     def _wait(self) -> list[list[int]]:
-        if self._work is None:
-            return self._solo
         try:
-            self._work.wait(timeout=timedelta(seconds=self.timeout_s))
+            return self.transport.collect(self.timeout_s)
         except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
             raise RankFailure(
                 f"rank {self.rank}: the header collective of round {self.core.posted - 1} did not complete within "
                 f"timeout_s={self.timeout_s}: a peer rank died, hung, or stopped iterating without close(). "
                 f"gloo said: {type(e).__name__}: {str(e)[:300]}") from None
-        finally:
-            self._work = None
-        return [t.tolist() for t in self._recv]
 
     # -- output ------------------------------------------------------------------------
     def _put(self, item) -> None:
