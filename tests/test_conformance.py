@@ -146,6 +146,14 @@ def tamper_replicated(lines):
     lines[last(lines, "post_header")]["replicated"][1] ^= 1  # this rank's dealer digest
 
 
+def tamper_replicated_target(lines):
+    lines[last(lines, "post_header")]["replicated"][2] += 1  # the previous round's target as this rank posted it
+
+
+def tamper_replicated_proposal(lines):
+    lines[last(lines, "post_header")]["replicated"][3] += 1  # the previous round's proposal as this rank posted it
+
+
 TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (0, tamper_after, "table gives"),
     (1, tamper_proposal, "proposal"),
@@ -162,6 +170,8 @@ TAMPERS = [  # (rank to tamper, function, words the report must contain)
     (0, tamper_read_input, "read input max_n"),
     (1, tamper_summary, "received summaries"),
     (0, tamper_replicated, "different 'deal'"),
+    (1, tamper_replicated_target, "which decided"),  # recomputed: not the target this rank decided
+    (0, tamper_replicated_proposal, "different 'proposal'"),
 ]
 
 

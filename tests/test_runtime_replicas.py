@@ -309,6 +309,50 @@ def _summary_bug(rank, world_size, trace_dir):
     return "ok", ""
 
 
+class _IntakeBug:
+    """A policy whose ``groups`` (read for the dealt intake bound while the rank prepares its header) raises
+    on rank 1's third call."""
+
+    def __new__(cls, rank):
+        from odb.batching import BalancedPolicy
+
+        class Bug(BalancedPolicy):
+            calls = 0
+
+            def groups(self, window, cost):
+                type(self).calls += 1
+                if rank == 1 and type(self).calls == 3:
+                    raise ZeroDivisionError("injected intake bug")
+                return super().groups(window, cost)
+        return Bug()
+
+
+def _intake_bug(rank, world_size, trace_dir):
+    import odb
+
+    loader = odb.ODBDataLoader(Samples(LONG_TAIL[:200]), 160, id_collate, buffer_size=8, timeout_s=30,
+                               policy=_IntakeBug(rank), trace_dir=trace_dir)
+    assert loader.sharding == "dealt"  # the intake bound is posted only when dealing
+    try:
+        for _ in loader:
+            pass
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return type(e).__name__, str(e).splitlines()[0]
+    finally:
+        loader.close()
+    return "ok", ""
+
+
+def test_an_intake_failure_while_a_rank_posts_takes_every_rank_out_through_the_abort_row(tmp_path):
+    # the second cause of the summarize-failure defect: the dealt intake bound is computed with the summary
+    trace_dir = str(tmp_path / "traces")
+    res = ok(run_ranks(_intake_bug, 2, tmp_path, args=(trace_dir,), timeout_s=60))
+    assert res[1][0] == "ProtocolError" and "injected intake bug" in res[1][1], res
+    assert res[0][0] == "RankFailure" and "rank 1 failed with a local error" in res[0][1], res
+    rows = assert_conformant(trace_dir, allow_abort=True)
+    assert rows["return_abort"] == 2
+
+
 def test_a_summarize_failure_on_one_rank_takes_every_rank_out_through_the_abort_row(tmp_path):
     # defect: the neutral summary failed the tag check: every rank raised "use the same alignment policy"
     trace_dir = str(tmp_path / "traces")

@@ -102,6 +102,12 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "    if evaluate(Let(\"abort\"), Scope(inputs=inputs, cfg=cfg, lets=table.let_map)):\n        return lo, inputs\n",
                "", (R + "test_a_summarize_failure_on_one_rank_takes_every_rank_out_through_the_abort_row",),
                "the proposal is asked for in an abort round (a failing rank's placeholder summary reaches it)"),
+    CodeMutant("intake_failure_swallowed", "odb/batching/deal.py",
+               "    return intake_sizes(groups(window, cost), W)\n",
+               "    try:\n        return intake_sizes(groups(window, cost), W)\n    except Exception:\n"
+               "        return [len(window)] * len(intake_ladder(W))\n",
+               (R + "test_an_intake_failure_while_a_rank_posts_takes_every_rank_out_through_the_abort_row",),
+               "a failure of the dealt intake bound is swallowed and the whole window posted as the bound"),
     CodeMutant("construction_check_drops_a_field", "odb/core/shared.py",
                "for j, name in enumerate(names) if len(", "for j, name in enumerate(names[:-1]) if len(",
                ("tests/test_runtime_dist.py::test_ranks_that_build_their_loaders_differently_all_get_a_config_error",
