@@ -279,59 +279,26 @@ def test_a_dead_peer_is_seen_within_seconds_even_with_a_long_timeout(tmp_path):
     assert time.monotonic() - t0 < 60 and "timeout_s=600" in res[0].error
 
 
-class _SummaryBug:
-    def __new__(cls, rank):
-        from odb.batching import BalancedPolicy
+def _failing_policy(rank: int, method: str):
+    """The default policy, except that on rank 1 its third call of `method` raises: ``summarize`` (the
+    header's summary) or ``groups`` (read for the dealt intake bound while the rank prepares its header)."""
+    from odb.batching import BalancedPolicy
 
-        class Bug(BalancedPolicy):
-            calls = 0
+    calls = [0]
 
-            def summarize(self, window, cost, exhausted):
-                type(self).calls += 1
-                if rank == 1 and type(self).calls == 3:
-                    raise ZeroDivisionError("injected summary bug")
-                return super().summarize(window, cost, exhausted)
-        return Bug()
+    def failing(self, *args):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            raise ZeroDivisionError(f"injected {method} bug")
+        return getattr(BalancedPolicy, method)(self, *args)
+    return type("Bug", (BalancedPolicy,), {method: failing})()
 
 
-def _summary_bug(rank, world_size, trace_dir):
+def _policy_bug(rank, world_size, trace_dir, method):
     import odb
 
     loader = odb.ODBDataLoader(Samples(LONG_TAIL[:200]), 160, id_collate, buffer_size=8, timeout_s=30,
-                               policy=_SummaryBug(rank), trace_dir=trace_dir)
-    try:
-        for _ in loader:
-            pass
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        return type(e).__name__, str(e).splitlines()[0]
-    finally:
-        loader.close()
-    return "ok", ""
-
-
-class _IntakeBug:
-    """A policy whose ``groups`` (read for the dealt intake bound while the rank prepares its header) raises
-    on rank 1's third call."""
-
-    def __new__(cls, rank):
-        from odb.batching import BalancedPolicy
-
-        class Bug(BalancedPolicy):
-            calls = 0
-
-            def groups(self, window, cost):
-                type(self).calls += 1
-                if rank == 1 and type(self).calls == 3:
-                    raise ZeroDivisionError("injected intake bug")
-                return super().groups(window, cost)
-        return Bug()
-
-
-def _intake_bug(rank, world_size, trace_dir):
-    import odb
-
-    loader = odb.ODBDataLoader(Samples(LONG_TAIL[:200]), 160, id_collate, buffer_size=8, timeout_s=30,
-                               policy=_IntakeBug(rank), trace_dir=trace_dir)
+                               policy=_failing_policy(rank, method), trace_dir=trace_dir)
     assert loader.sharding == "dealt"  # the intake bound is posted only when dealing
     try:
         for _ in loader:
@@ -346,8 +313,8 @@ def _intake_bug(rank, world_size, trace_dir):
 def test_an_intake_failure_while_a_rank_posts_takes_every_rank_out_through_the_abort_row(tmp_path):
     # the second cause of the summarize-failure defect: the dealt intake bound is computed with the summary
     trace_dir = str(tmp_path / "traces")
-    res = ok(run_ranks(_intake_bug, 2, tmp_path, args=(trace_dir,), timeout_s=60))
-    assert res[1][0] == "ProtocolError" and "injected intake bug" in res[1][1], res
+    res = ok(run_ranks(_policy_bug, 2, tmp_path, args=(trace_dir, "groups"), timeout_s=60))
+    assert res[1][0] == "ProtocolError" and "injected groups bug" in res[1][1], res
     assert res[0][0] == "RankFailure" and "rank 1 failed with a local error" in res[0][1], res
     rows = assert_conformant(trace_dir, allow_abort=True)
     assert rows["return_abort"] == 2
@@ -356,7 +323,7 @@ def test_an_intake_failure_while_a_rank_posts_takes_every_rank_out_through_the_a
 def test_a_summarize_failure_on_one_rank_takes_every_rank_out_through_the_abort_row(tmp_path):
     # defect: the neutral summary failed the tag check: every rank raised "use the same alignment policy"
     trace_dir = str(tmp_path / "traces")
-    res = ok(run_ranks(_summary_bug, 2, tmp_path, args=(trace_dir,), timeout_s=60))
+    res = ok(run_ranks(_policy_bug, 2, tmp_path, args=(trace_dir, "summarize"), timeout_s=60))
     assert res[1][0] == "ProtocolError" and "failed to summarize" in res[1][1], res
     assert res[0][0] == "RankFailure" and "rank 1 failed with a local error" in res[0][1], res
     rows = assert_conformant(trace_dir, allow_abort=True)

@@ -93,11 +93,7 @@ class EpochLedger:
         for key, mine, why in (("world_size", world_size, "the per-rank shards would change; merge every rank's "
                                 "state with odb.runtime.merge_states to resume on another world size"),
                                ("rank", rank, "this state belongs to another rank")):
-            if key not in sd:
-                raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
-            got = sd.pop(key)
-            if got != mine or type(got) is not type(mine):
-                raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
+            _expect(sd, key, mine, why)
         for key in ("order", "mode"):  # version 3; informational when loading on the same rank
             sd.pop(key, None)
         epoch = _epoch(sd.pop("epoch", None))
@@ -231,12 +227,17 @@ def _check_common(state, *, seed: int, sharding: str) -> dict:
         raise ConfigError(f"state version {version!r} is not supported (this loader reads 2 and {STATE_VERSION})")
     for key, mine, why in (("seed", seed, "the sample order would change"),
                            ("sharding", sharding, "positions would mean other samples")):
-        if key not in sd:
-            raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
-        got = sd.pop(key)
-        if got != mine or type(got) is not type(mine):
-            raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
+        _expect(sd, key, mine, why)
     return sd
+
+
+def _expect(sd: dict, key: str, mine, why: str) -> None:
+    """Pop `key` from the state `sd`; refuse a missing key, or a value (or type) other than this loader's."""
+    if key not in sd:
+        raise ConfigError(f"state has no {key!r} key; it was not written by ODBDataLoader.state_dict")
+    got = sd.pop(key)
+    if got != mine or type(got) is not type(mine):
+        raise ConfigError(f"cannot resume: state has {key}={got!r}, this loader has {mine!r} ({why})")
 
 
 def _epoch(epoch) -> int:
