@@ -8,8 +8,9 @@ Three figures, each printed and returned by `main(out_dir)`:
    (summarize + propose + partition), and the wall time (which also counts
    thread hand-offs and other load on the machine); the least of 5 passes,
    every pass's figure kept beside it.  Target: < 50 us CPU per sample.
-2. ``ms_per_round``: one round of the runtime's header collective (`odb.runtime.transport.HeaderGather`,
-   int64[7 + S + 4 + L + 3W]) and the decoding of the N headers, on loopback gloo at 2-16 ranks and
+2. ``ms_per_round``: one round of the runtime's collective (`odb.runtime.transport.HeaderGather`: an
+   all-gather of int64[7 + S + 4 + L] headers, all-reduces of 3W and W ints) and the decoding of the N
+   headers, on loopback gloo at 2-16 ranks and
    W = 64/256/1024, with a fitted model extrapolated to 4096 ranks (`collective_scaling`).  Target:
    < 5 ms at 4 ranks, W = 256.
 3. ``wait_fraction``: time a small training loop (`paper_repro.nets.lm.TinyLM`,
@@ -37,6 +38,7 @@ import torch
 
 import odb
 from odb.batching import default_policy
+from odb.core.header import Post
 from odb.runtime.engine import header_layout
 from odb.runtime.transport import HeaderGather
 
@@ -124,12 +126,12 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: in
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
     layout = header_layout(default_policy().summary_len, window)
     gather = HeaderGather(group, world_size)  # the runtime's own round collective (odb.runtime.transport)
-    header = [0] * layout.length
+    post = Post([0] * layout.length, [0] * layout.counts_len)
     gathered, decoded = [], []
     for k in range(rounds + 10):
         t0 = time.perf_counter()
-        gather.post(header)
-        rows = gather.collect(120)
+        gather.post(post)
+        rows = gather.collect(120).rows
         t1 = time.perf_counter()
         for r in rows:  # what the rank core does with the rows (`odb.core.rank.RankCore.collect`)
             layout.decode(r)
@@ -144,9 +146,10 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: in
 
 
 def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> dict:
-    """Median (and p90) seconds of one round's header all-gather and of decoding the N gathered headers,
-    on rank 0 of `world_size` loopback gloo processes."""
-    header_len = header_layout(default_policy().summary_len, window).length
+    """Median (and p90) seconds of one round's collective (the headers' all-gather and the counts' two
+    all-reduces) and of decoding the N gathered headers, on rank 0 of `world_size` loopback gloo processes."""
+    lay = header_layout(default_policy().summary_len, window)
+    header_len, reduced = lay.length, lay.counts_len + lay.window
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
@@ -161,7 +164,8 @@ def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> d
                 p.kill()
         times = json.load(open(outs[0]))
     g, d = sorted(times["gather"]), sorted(times["decode"])
-    return {"world_size": world_size, "window": window, "header_ints": header_len, "rounds": len(g),
+    return {"world_size": world_size, "window": window, "header_ints": header_len, "reduced_ints": reduced,
+            "rounds": len(g),
             "ms_per_round_median": 1e3 * statistics.median(g), "ms_per_round_p90": 1e3 * g[int(0.9 * len(g))],
             "decode_ms_median": 1e3 * statistics.median(d)}
 
@@ -169,24 +173,30 @@ def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> d
 def collective_scaling(worlds=(2, 4, 8, 16), windows=(64, 256, 1024), extrapolate=(64, 256, 1024, 4096)) -> dict:
     """The round collective measured at each world size and window, and a stated model fitted to it.
 
-    Model (least squares on the medians): a gather costs ``a (N-1) + b (N-1) L`` ms for headers of L ints
-    (a ring all-gather moves N-1 headers into every rank), decoding ``c N L``.  Loopback on this machine's
+    Model (least squares on the medians): a round costs ``a (N-1) + b (N-1) L + d 2 (N-1)/N R`` ms for
+    headers of L ints and R = 4W reduced ints (a ring all-gather moves N-1 headers into every rank, a ring
+    all-reduce 2 (N-1)/N of the vector), decoding ``c N L``.  Loopback on this machine's
     cores, oversubscribed past 2 processes, so the fit is an upper bound of the per-hop cost here, not a
     network's; the extrapolation is the model's arithmetic, not a measurement.
     """
     import numpy as np
 
     runs = [collective_round(n, rounds=200 if n <= 4 else 60, window=w) for n in worlds for w in windows]
-    x = np.array([[r["world_size"] - 1, (r["world_size"] - 1) * r["header_ints"]] for r in runs], float)
-    a, b = np.linalg.lstsq(x, np.array([r["ms_per_round_median"] for r in runs]), rcond=None)[0]
+    def red(n, ints):  # ints a rank receives in a ring all-reduce of `ints`
+        return 2 * (n - 1) / n * ints
+
+    x = np.array([[r["world_size"] - 1, (r["world_size"] - 1) * r["header_ints"],
+                   red(r["world_size"], r["reduced_ints"])] for r in runs], float)
+    a, b, d = np.linalg.lstsq(x, np.array([r["ms_per_round_median"] for r in runs]), rcond=None)[0]
     nl = np.array([[r["world_size"] * r["header_ints"]] for r in runs], float)
     c = float(np.linalg.lstsq(nl, np.array([r["decode_ms_median"] for r in runs]), rcond=None)[0][0])
     length = runs[-1]["header_ints"] if runs else 0  # the largest window's header
-    model = [{"world_size": n, "window": max(windows), "header_ints": length,
-              "gather_ms": a * (n - 1) + b * (n - 1) * length, "decode_ms": c * n * length,
-              "bytes_in_per_rank": 8 * (n - 1) * length} for n in extrapolate]
-    return {"runs": runs, "fit": {"a_ms_per_hop": float(a), "b_ms_per_hop_int": float(b), "c_ms_per_int": c},
-            "model": model}
+    reduced = runs[-1]["reduced_ints"] if runs else 0
+    model = [{"world_size": n, "window": max(windows), "header_ints": length, "reduced_ints": reduced,
+              "gather_ms": a * (n - 1) + b * (n - 1) * length + d * red(n, reduced), "decode_ms": c * n * length,
+              "bytes_in_per_rank": 8 * ((n - 1) * length + red(n, reduced))} for n in extrapolate]
+    return {"runs": runs, "fit": {"a_ms_per_hop": float(a), "b_ms_per_hop_int": float(b),
+                                  "d_ms_per_reduced_int": float(d), "c_ms_per_int": c}, "model": model}
 
 
 class _Tokenizing(torch.utils.data.Dataset):

@@ -33,19 +33,19 @@ Constants and where they come from (all stated, none fitted to the paper):
              inter-node (N > 8): 45 GB/s per GPU (one 400 Gb/s NIC per GPU).
     ALPHA    5 us intra-node, 15 us inter-node per ring hop.
     OVERLAP  0.8 of the all-reduce hides behind the backward pass (DDP buckets).
-ODB additionally pays one header all-gather per round (`protocol_cost`), and
+ODB additionally pays one round collective per round (`protocol_cost`), and
 the simulation charges it.
 
 Protocol cost: the released package all-gathers ``[slots, groups, size per
 group..., token sum per group...]`` per rank per window (exact loss scaling),
-up to ``2 + 2W`` integers per rank; ODB all-gathers its runtime header,
-``11 + S + L + 3W`` integers per rank (`odb.core.header.HeaderLayout`: status,
-round, window size, epoch and the 3-int replicated digest, the policy summary, the dealer's 4 ints, L = 2 log2(W)
-or fewer for the dealer's intake bound, and 3 counts per batch of the previous
-round for exact loss scaling), a fixed shape.  Both are
-O(N * W) integers received per rank and round; ODB's is about 1.5x the
-release's worst case.  `protocol_cost` gives bytes received per rank and a
-ring all-gather latency for both.
+up to ``2 + 2W`` integers per rank: O(N * W) received per rank and round.  ODB
+all-gathers its runtime header, ``11 + S + L`` integers per rank
+(`odb.core.header.HeaderLayout`: status, round, window size, epoch and the
+3-int replicated digest, the policy summary, the dealer's 4 ints, L = 2 log2(W)
+or fewer for the dealer's intake bound), and all-reduces 3 counts per batch of
+the previous round (sum, exact loss scaling) and each batch's tokens (max): 4W
+integers, whatever N.  `protocol_cost` gives bytes received per rank and the
+ring latency of both.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "standard_plan", "plan_stats"]
+__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "odb_reduced_bytes", "standard_plan", "plan_stats"]
 
 # A plan: one entry per step; each entry is a list over ranks of that rank's batch
 # (a list of sample lengths), [] for an idle/joined rank, or ("filler", L) for a PAD filler.
@@ -89,12 +89,14 @@ class StepModel:
         eff = self.mfu * tokens / (tokens + self.knee_tokens)
         return self.c_fixed + flops / (eff * self.peak)
 
-    def allreduce(self, world_size: int) -> float:
+    def allreduce(self, world_size: int, nbytes: float | None = None) -> float:
+        """Ring all-reduce latency of `nbytes` (default: the gradients)."""
         n = world_size
         if n == 1:
             return 0.0
+        nbytes = self.grad_bytes if nbytes is None else nbytes
         bw, alpha = (self.bw_intra, self.alpha_intra) if n <= self.gpus_per_node else (self.bw_inter, self.alpha_inter)
-        return 2 * (n - 1) / n * self.grad_bytes / bw + 2 * (n - 1) * alpha
+        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
 
     def allgather(self, world_size: int, bytes_per_rank: float) -> float:
         """Ring all-gather latency: (N-1) hops, each moving one rank's message."""
@@ -118,11 +120,11 @@ def _rank_batch(x) -> list[int]:
 
 
 def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds: int = 0,
-             header_bytes: int = 0) -> dict:
+             header_bytes: int = 0, reduced_bytes: Sequence[int] = ()) -> dict:
     """Predicted wall time and efficiency of a plan.
 
-    :param num_rounds, header_bytes: ODB's protocol rounds and per-rank header
-        size; each round adds one all-gather latency.
+    :param num_rounds, header_bytes, reduced_bytes: ODB's protocol rounds, per-rank header size and
+        the sizes of the vectors each round all-reduces; each round adds their latencies.
     Returns seconds, real samples, samples/s, straggler efficiency (mean over
     steps of mean rank compute / max rank compute) and padding fraction.
     """
@@ -141,7 +143,8 @@ def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds:
             samples += len(x)
             real += sum(x)
             padded += len(x) * max(x) if x else 0
-    t += num_rounds * model.allgather(world_size, header_bytes)
+    t += num_rounds * (model.allgather(world_size, header_bytes)
+                       + sum(model.allreduce(world_size, b) for b in reduced_bytes))
     return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
             "straggler_eff": float(np.mean(eff)) if eff else 1.0, "pad_frac": 1 - real / padded if padded else 0.0,
             "steps": len(plan)}
@@ -161,17 +164,25 @@ def plan_stats(plan: Plan) -> dict:
     return {"steps": len(plan), "samples": sum(len(x) for st in plan for x in st if not isinstance(x, tuple))}
 
 
+def odb_reduced_bytes(window: int, int_bytes: int = 8) -> tuple[int, int]:
+    """The vectors ODB all-reduces per round: 3W counts (sum) and W tokens (max) (`odb.runtime.transport`)."""
+    return 3 * window * int_bytes, window * int_bytes
+
+
 def protocol_cost(world_size: int, window: int, header_len: int, model: StepModel = H20_2B,
                   int_bytes: int = 8) -> dict:
-    """Bytes each rank receives, and all-gather latency, for one round.
+    """Bytes each rank receives, and latency, for one round.
 
     release: every rank sends [slots, groups, one size and one token sum per group] with up
-    to `window` groups (its worst case: singletons), so N * (2 + 2 window) ints.
-    odb: every rank sends a fixed `header_len`-int header, so N * header_len ints.
+    to `window` groups (its worst case: singletons), so N * (2 + 2 window) ints gathered.
+    odb: every rank sends a fixed `header_len`-int header, so N * header_len ints gathered, and
+    two ring all-reduces of 3 window and window ints, of which a rank receives 2 (N-1)/N.
     """
+    n = world_size
     rel = (2 + 2 * window) * int_bytes
     ours = header_len * int_bytes
-    return {"world_size": world_size, "window": window,
-            "release_bytes": world_size * rel, "odb_bytes": world_size * ours,
-            "release_latency_s": model.allgather(world_size, rel),
-            "odb_latency_s": model.allgather(world_size, ours)}
+    red = odb_reduced_bytes(window, int_bytes)
+    return {"world_size": n, "window": window,
+            "release_bytes": n * rel, "odb_bytes": n * ours + sum(2 * (n - 1) / n * b for b in red),
+            "release_latency_s": model.allgather(n, rel),
+            "odb_latency_s": model.allgather(n, ours) + sum(model.allreduce(n, b) for b in red)}

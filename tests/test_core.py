@@ -9,6 +9,7 @@ from odb.batching import default_policy
 from odb.batching.deal import DealtOrder, intake_ladder
 from odb.batching.policy import NUM_BUCKETS, SUMMARY_TAG
 from odb.core import REPLICATED, HeaderLayout, Replicated, Shared, mismatches, round_proposal
+from odb.core.header import Post, reduce_posts
 from odb.core.shared import PARAMETERS, describe_cost, describe_policy
 from odb.errors import ConfigError, ProtocolError
 from odb.protocol.table import DGAP, MODES
@@ -26,20 +27,34 @@ def test_a_header_decodes_to_the_fields_it_was_encoded_from(w, data):
     parts = dict(st=data.draw(ints), round=data.draw(ints), n=data.draw(ints), epoch=data.draw(ints),
                  digest=data.draw(st.lists(ints, min_size=3, max_size=3)), summary=data.draw(st.lists(ints, min_size=3, max_size=3)),
                  taken=data.draw(ints), cost=data.draw(ints), dry=data.draw(ints), reserve=data.draw(ints),
-                 intake=data.draw(st.lists(ints, min_size=lay.ladder_len, max_size=lay.ladder_len)),
-                 counts=data.draw(st.lists(ints, min_size=3 * w, max_size=3 * w)))
+                 intake=data.draw(st.lists(ints, min_size=lay.ladder_len, max_size=lay.ladder_len)))
     row = lay.encode(**parts)
     h = lay.decode(row)
-    assert len(row) == lay.length == 11 + 3 + lay.ladder_len + 3 * w
+    assert len(row) == lay.length == 11 + 3 + lay.ladder_len and lay.counts_len == 3 * w
     assert (h.epoch, h.deal, h.target, h.proposal) == (parts["epoch"], *parts["digest"])
-    assert list(h.summary) == parts["summary"] and list(h.counts) == parts["counts"]
+    assert list(h.summary) == parts["summary"] and list(h.intake) == parts["intake"]
     assert (h.st, h.round, h.n, h.taken, h.cost, h.dry, h.reserve) == tuple(
         parts[k] for k in ("st", "round", "n", "taken", "cost", "dry", "reserve"))
-    assert h.count(w - 1, 2) == parts["counts"][-1]
     with pytest.raises(ValueError, match="holds"):
         lay.decode(row[:-1])
     with pytest.raises(ValueError, match="summary"):
         lay.encode(**{**parts, "summary": [1]})
+
+
+@settings(max_examples=50, deadline=None)
+@given(w=st.integers(1, 12), n=st.integers(1, 6), data=st.data())
+def test_the_collective_sums_the_counts_and_keeps_each_batchs_largest_tokens(w, n, data):
+    lay = HeaderLayout(3, w, len(intake_ladder(w)))
+    counts = [data.draw(st.lists(st.integers(0, 10**6), min_size=3 * w, max_size=3 * w)) for _ in range(n)]
+    g = reduce_posts([Post([r] * lay.length, c) for r, c in enumerate(counts)])
+    assert [list(h) for h in g.rows] == [[r] * lay.length for r in range(n)]
+    assert list(g.totals) == [sum(c[i] for c in counts) for i in range(3 * w)]
+    assert list(g.tokens_max) == [max(c[3 * k] for c in counts) for k in range(w)]
+    lay.check_reduced(g)
+    with pytest.raises(ValueError, match="reduced counts"):
+        lay.check_reduced(g._replace(tokens_max=list(g.tokens_max)[:-1]))
+    with pytest.raises(ValueError, match="reduced counts"):
+        lay.check_reduced(g._replace(totals=[*g.totals, 0]))
 
 
 def _shared(**kw):
@@ -111,7 +126,7 @@ def _rows(lay, rep_fields, n=4):
     for r, (epoch, digest) in enumerate(rep_fields):
         out.append(lay.decode(lay.encode(st=0, round=0, n=n, epoch=epoch, digest=digest,
                                           summary=_summary(n, False, 2), taken=n, cost=n, dry=0, reserve=0,
-                                          intake=[n] * lay.ladder_len, counts=[0] * (3 * lay.window))))
+                                          intake=[n] * lay.ladder_len)))
     return out
 
 

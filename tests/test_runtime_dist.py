@@ -60,6 +60,42 @@ def check_step_counts_agree(values):
             assert sum(s["scale"] for s in per_rank) == pytest.approx(len(values))
 
 
+def _transport_rounds(rank, world_size, rounds):
+    import random as _random
+
+    import torch.distributed as dist
+
+    from odb.core.header import Post
+    from odb.runtime.transport import HeaderGather
+
+    gather = HeaderGather(dist.new_group(backend="gloo"), world_size)
+    got = []
+    for k in range(rounds):
+        rng = _random.Random(1000 * k + rank)  # each rank's own post, another every round
+        gather.post(Post([rank, k] + [rng.randint(-9, 9) for _ in range(5)], [rng.randint(0, 99) for _ in range(12)]))
+        got.append(gather.collect(10))
+    gather.release()
+    return got
+
+
+def test_the_transport_gathers_the_headers_and_reduces_the_counts_as_reduce_posts_does(tmp_path):
+    import random as _random
+
+    from odb.core.header import Post, reduce_posts
+
+    res = run_ranks(_transport_rounds, 3, tmp_path, args=(4,), timeout_s=60)
+    assert all(o.status == "ok" for o in res), res
+    for k in range(4):
+        posts = []
+        for r in range(3):
+            rng = _random.Random(1000 * k + r)
+            posts.append(Post([r, k] + [rng.randint(-9, 9) for _ in range(5)], [rng.randint(0, 99) for _ in range(12)]))
+        want = reduce_posts(posts)
+        for o in res:  # every rank alike: the headers in rank order, the counts summed, the tokens' max
+            g = o.value[k]
+            assert (g.rows, list(g.totals), list(g.tokens_max)) == (want.rows, want.totals, want.tokens_max)
+
+
 def test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path):
     shards = [list(range(0, 50)), list(range(50, 66))]
     values = ok_values(run(tmp_path, 2, shards=shards, drop=[3, 55], W=8))

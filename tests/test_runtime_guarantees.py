@@ -408,7 +408,7 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
     out = core.step(status)
     while out.post is None:
         out = core.step(status)
-    assert out.step.payload["st"] == 0 and lay.decode(out.post).st == 0
+    assert out.step.payload["st"] == 0 and lay.decode(out.post.header).st == 0
 
 
 @pytest.mark.parametrize("window", [2, 3, 4])

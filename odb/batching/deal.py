@@ -262,7 +262,8 @@ class DealtOrder:
     """
 
     def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None):
-        self.order, self.rank, self.stats = list(keys), rank, stats
+        # a tuple is kept as it is: immutable, so many ranks in one process (a simulation) can share one
+        self.order, self.rank, self.stats = (keys if isinstance(keys, tuple) else list(keys)), rank, stats
         self.dealer = Dealer(len(self.order), world_size, lead)
         self.keys: list[tuple[int, Any]] = []  # this rank's keys, as its source reads them
         self.reserve_taken = 0                 # reserve positions this rank took itself (in its headers)

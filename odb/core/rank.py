@@ -11,8 +11,8 @@ Legend
     `Out`      what one step leaves for the driver: the fired row, a header to post, batches to
                release (with their `StepInfo`), the end of this rank's batches (JOIN), errors
 
-A driver (the runtime's engine thread, `odb.core.sim`) repeats: in WAIT, gather every rank's
-posted header and call `collect(rows)`; otherwise call `step(status)`.  The core fires exactly one
+A driver (the runtime's engine thread, `odb.core.sim`) repeats: in WAIT, run the round's collective
+on every rank's `odb.core.header.Post` and call `collect(gathered)`; otherwise call `step(status)`.  The core fires exactly one
 table row per call (`odb.protocol.machine.step`) and never calls back into its driver: the data
 source is an object it reads (``next``, ``pulled``, ``dry``, ``remaining``), the status a function
 it reads, and every effect is in the returned `Out`.  The round's replicated decision is
@@ -31,7 +31,7 @@ from ..batching.deal import policy_intake, sample_cost
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
-from .header import Header, HeaderLayout
+from .header import Gathered, Header, HeaderLayout, Post
 from .info import LoaderStats, StepInfo
 from .replica import Replicated
 
@@ -88,7 +88,7 @@ class Out(NamedTuple):
 
     step: machine.Step | None = None     # the fired row (None: no row fired, take the step again)
     trace: dict | None = None            # the row's extra trace fields
-    post: list[int] | None = None        # SYNC: a header to post to the round's collective
+    post: Post | None = None             # SYNC: a header and counts to post to the round's collective
     release: tuple = ()                  # batches with their StepInfo, in step order
     end: bool = False                    # JOIN: this rank emits no more batches (keep driving the core)
     local_error: BaseException | None = None       # this rank only: hand it over now; the status is FAILED
@@ -132,6 +132,8 @@ class RankCore:
         self._fetched: Item | None = None
         self._prepared: tuple[list[int], list[int]] | None = None
         self._rows: list[Header] = []    # the last collective's headers
+        self._totals: Sequence[int] = ()  # and its reduced counts (`Gathered`)
+        self._tokens_max: Sequence[int] = ()
         self._decision = None
         self._errors: list[BaseException] = []
         self._posted = 0                 # header collectives entered
@@ -178,15 +180,17 @@ class RankCore:
             return Out(local_error=self._take_error())
         return self._effects(s)
 
-    def collect(self, rows: Sequence[Sequence[int]] | Sequence[Header]) -> Out:
-        """Fire the WAIT row on the round's gathered headers (every rank's, in rank order; int vectors,
-        or already decoded `Header`s, which a simulation decodes once for all its ranks).
+    def collect(self, gathered: Gathered) -> Out:
+        """Fire the WAIT row on what the round's collective returned: every rank's header in rank order
+        (int vectors, or `Header`s a simulation decodes once for all its ranks) and the reduced counts.
 
         Raises what `Replicated.decide` raises (every rank alike: a collective mismatch, a
         divergence, another epoch)."""
         if not self.waiting:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
-        self._rows = [r if isinstance(r, Header) else self.layout.decode(r) for r in rows]
+        self._rows = [r if isinstance(r, Header) else self.layout.decode(r) for r in gathered.rows]
+        self.layout.check_reduced(gathered)
+        self._totals, self._tokens_max = gathered.totals, gathered.tokens_max
         self._decision = self.replica.decide(self._rows)
         s = machine.step(DGAP, self.local, self._decision.inputs, self.cfg, self._choose, self._selected)
         return self._effects(s)
@@ -338,7 +342,7 @@ class RankCore:
         self._held.append(b)
         self._counts[3 * k:3 * k + 3] = b.counts
 
-    def _post(self, s: machine.Step) -> tuple[list[int], dict]:
+    def _post(self, s: machine.Step) -> tuple[Post, dict]:
         if s.payload["shape"] != self.layout.length:
             raise ProtocolError(f"table header shape {s.payload['shape']} != the layout's {self.layout.length}")
         summary, intake = self._prepared
@@ -347,10 +351,10 @@ class RankCore:
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
             summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
-            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake, counts=self._counts)
-        self._counts = [0] * (3 * self.W)
+            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake)
+        counts, self._counts = self._counts, [0] * (3 * self.W)
         self._posted += 1
-        return header, {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
+        return Post(header, counts), {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
 
     def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict]:
         rows, rnd = self._rows, self._posted - 1
@@ -359,7 +363,7 @@ class RankCore:
         if s.row == "return_abort":
             self._held = []  # the epoch ends here on every rank: the last round's batches are not released
         else:
-            release, rep_err = self._release(rows, final=s.after["ph"] == DONE)
+            release, rep_err = self._release(final=s.after["ph"] == DONE)
         if s.row == "return_stop" and self.mode == QUOTA:
             self._count_unemitted()
         return release, rep_err, {"round": rnd, "collective": {
@@ -368,7 +372,7 @@ class RankCore:
             "replicated": [[h.epoch, h.deal, h.target, h.proposal] for h in rows],
             "inputs": dict(self._decision.inputs)}}
 
-    def _release(self, rows: list[Header], final: bool) -> tuple[tuple, BaseException | None]:
+    def _release(self, final: bool) -> tuple[tuple, BaseException | None]:
         """The previous round's batches with their global counts.
 
         ``loss_basis="label_tokens"``: a step with tokens but no label token on any rank gets
@@ -376,13 +380,13 @@ class RankCore:
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
         held, self._held = self._held, []
-        totals = list(map(sum, zip(*(h.counts[:3 * len(held)] for h in rows)))) if held else []
+        totals = self._totals  # the collective's sum over the ranks
         for k, b in enumerate(held):
             g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
             loc, basis_g = b.counts, g[self.loss_slot]
             scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
             if g[0] > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
-                self.stats.step_tokens_max += max(h.counts[3 * k] for h in rows)
+                self.stats.step_tokens_max += self._tokens_max[k]
                 self.stats.step_tokens_mean += g[0] / self.world_size
             if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
                 self.stats.zero_label_steps += 1

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..batching.base import AlignmentPolicy, CostModel, call_partition
 from ..batching.deal import DealtOrder, first_lead, intake_ladder
 from ..batching.policy import default_policy
+from ..errors import ProtocolError
 from ..protocol.table import MODES
-from .header import HeaderLayout
+from .header import Gathered, HeaderLayout, Post, reduce_posts
 from .info import LOSS_BASES, LoaderStats
 from .rank import RankCore
 from .replica import Replicated
 from .shared import Shared, describe_cost, describe_policy
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "simulate", "replay_rank"]
 
 
 @dataclass
@@ -131,41 +132,56 @@ class _DealtSource:
         return [index for _, index in self.order.keys[self.pulled:]]
 
 
+class _Setting:
+    """What every simulated rank shares: the compared settings, the header layout, the prefetches
+    and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
+
+    def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str):
+        self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
+        self.aheads = tuple(aheads) if aheads is not None else (0,) * n
+        pol = policy()
+        self._spare = [pol]  # the first core takes it: one policy per rank, as the runtime builds them
+        self.layout = HeaderLayout(pol.summary_len, window, len(intake_ladder(window)))
+        self.shared = Shared(protocol="sim", window=window, mode=mode, sharding="fixed" if deal is None else "dealt",
+                             header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
+                             loss_basis=loss_basis, shift_labels=False, order="sim")
+        self.keys = None if deal is None else tuple((p, p) for p in range(len(deal)))
+
+    def core(self, r: int, shard: Sequence, oversize: str) -> tuple[RankCore, _Timed, DealtOrder | None]:
+        pol, order = _Timed(self._spare.pop() if self._spare else self.policy()), None
+        if self.deal is not None:
+            order = DealtOrder(self.keys, self.n, r, first_lead(self.layout.window, self.aheads))
+            order.first()
+            src = _DealtSource(order, self.deal)
+        else:
+            src = _ListSource(shard)
+        rep = Replicated(self.shared, world_size=self.n, aheads=self.aheads, policy=pol, order=order, epoch=0)
+        core = RankCore(rank=r, world_size=self.n, mode=MODES[self.mode], policy=pol, cost=self.cost, replica=rep,
+                        layout=self.layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[self.loss_basis],
+                        stats=LoaderStats(), template=lambda: None)
+        return core, pol, order
+
+
 def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: str = "pad",
              policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-             loss_basis: str = "label_tokens") -> SimResult:
+             loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
     reads the order through its replica of the dealer, and batches hold positions of ``deal``.
     ``aheads`` is each rank's prefetch as the runtime gathers it (default 0: no DataLoader workers).
+    ``on_round(k, posts)``, if given, sees round k's posts (`odb.core.header.Post`, rank order) before
+    they are collected; a true return ends the simulation there (the result holds what was released).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
     n = len(shards)
     if deal is not None and any(len(s) for s in shards):
         raise ValueError("with deal=..., pass N empty shards")
-    aheads = tuple(aheads) if aheads is not None else (0,) * n
-    pols = [_Timed(policy()) for _ in range(n)]
-    layout = HeaderLayout(pols[0].summary_len, window, len(intake_ladder(window)))
-    shared = Shared(protocol="sim", window=window, mode=mode, sharding="fixed" if deal is None else "dealt",
-                    header_len=layout.length, policy=describe_policy(pols[0]._inner), cost=describe_cost(cost),
-                    loss_basis=loss_basis, shift_labels=False, order="sim")
-    cores, orders = [], []
-    for r in range(n):
-        order = None
-        if deal is not None:
-            order = DealtOrder([(p, p) for p in range(len(deal))], n, r, first_lead(window, aheads))
-            order.first()
-            src = _DealtSource(order, deal)
-        else:
-            src = _ListSource(shards[r])
-        orders.append(order)
-        rep = Replicated(shared, world_size=n, aheads=aheads, policy=pols[r], order=order, epoch=0)
-        cores.append(RankCore(rank=r, world_size=n, mode=MODES[mode], policy=pols[r], cost=cost, replica=rep,
-                              layout=layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[loss_basis],
-                              stats=LoaderStats(), template=lambda: None))
+    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis)
+    cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize) for r in range(n))))
+    layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
     res = SimResult(out, 0, [[] for _ in range(n)])
     ok = lambda: 0  # noqa: E731 - a simulated rank never stops on its own
@@ -180,12 +196,15 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
                     posts[r] = o.post
         if all(c.done for c in cores):
             break
+        if on_round is not None and on_round(res.rounds, posts):
+            break
         res.rounds += 1
         if res.rounds > max_rounds:
             raise RuntimeError(f"simulation did not finish within {max_rounds} rounds")
-        rows = [layout.decode(h) for h in posts]  # once for every rank (each runtime rank decodes its own)
+        g = reduce_posts(posts)  # decoded once for every rank (each runtime rank decodes its own)
+        g = g._replace(rows=[layout.decode(h) for h in g.rows])
         for r, c in enumerate(cores):
-            _take(c.collect(rows), r, out, res)
+            _take(c.collect(g), r, out, res)
         res.targets.append(cores[0].decision.target)
         res.decision_s.extend(p.seconds - b for p, b in zip(pols, before))
     for r, c in enumerate(cores):
@@ -193,6 +212,41 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
         res.stats.append(c.stats)
         res.reserve_taken.append(orders[r].reserve_taken if orders[r] is not None else 0)
     return res
+
+
+def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequence[Sequence], cost: CostModel, *,
+                window: int, mode: str = "pad", policy: Callable[[], AlignmentPolicy] = default_policy,
+                deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
+                loss_basis: str = "label_tokens") -> list[dict]:
+    """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
+    this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
+    vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
+    process): per round ``{"decode_s", "collect_s", "policy_s", "local_s"}``: decoding the N headers,
+    the WAIT row on them (the replicated decision and the deal), the policy's part of this round
+    (summarize, propose, partition), and the EMIT/FILL rows before the post.  Raises ProtocolError if
+    this rank posts other than the recorded post (the replay is not the recorded run)."""
+    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis)
+    core, pol, _ = setting.core(rank, shards[rank], oversize)
+    ok = lambda: 0  # noqa: E731
+    out = []
+    for k, (mine, g) in enumerate(rounds):
+        before, t0 = pol.seconds, time.perf_counter()
+        post = None
+        while not core.waiting and not core.done:
+            o = core.step(ok)
+            post = o.post if o.post is not None else post
+        t1 = time.perf_counter()
+        if post is None or list(post.header) != list(mine.header) or list(post.counts) != list(mine.counts):
+            raise ProtocolError(f"replay of rank {rank}: round {k}'s post differs from the recorded one")
+        rows = [setting.layout.decode(h) for h in g.rows]
+        t2 = time.perf_counter()
+        o = core.collect(g._replace(rows=rows))
+        t3 = time.perf_counter()
+        err = o.local_error or o.replicated_error or o.abort_error
+        if err is not None:
+            raise err
+        out.append({"decode_s": t2 - t1, "collect_s": t3 - t2, "policy_s": pol.seconds - before, "local_s": t1 - t0})
+    return out
 
 
 def _take(o, r: int, out: list, res: SimResult) -> None:

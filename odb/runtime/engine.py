@@ -7,8 +7,8 @@ Legend
     out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``
 
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
-all-gather, then ``core.collect(rows)``; otherwise ``core.step(quit)``.  Each call fires one table
-row; the engine does what the returned `odb.core.rank.Out` says: post the header (SYNC), queue the
+collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.  Each call fires one table
+row; the engine does what the returned `odb.core.rank.Out` says: post the header and counts (SYNC), queue the
 released batches, write the trace line, hand errors over.  It decides nothing itself.
 
 Stopping is driven by the table only: once ``quit > 0`` the core fetches nothing more and its next
@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from ..batching.deal import intake_ladder
-from ..core.header import HeaderLayout
+from ..core.header import Gathered, HeaderLayout, Post
 from ..core.rank import CLOSED, FAILED, OK, Batch, RankCore
 from ..errors import RankFailure
 from ..protocol.table import DGAP
@@ -91,9 +91,9 @@ class Engine:
         while not core.done:
             if core.waiting:
                 t0 = time.perf_counter()
-                rows = self._wait()
+                gathered = self._wait()
                 self.stats.collective_s += time.perf_counter() - t0
-                out = core.collect(rows)
+                out = core.collect(gathered)
             else:
                 out = core.step(status)
             if out.local_error is not None:
@@ -161,11 +161,11 @@ class Engine:
         self._deliver_error(e)
 
     # -- the collective --------------------------------------------------------------
-    def _enter(self, header: list[int]) -> None:
+    def _enter(self, post: Post) -> None:
         """SYNC: every rank must reach this, once per round, in the same order."""
-        self.transport.post(header)
+        self.transport.post(post)
 
-    def _wait(self) -> list[list[int]]:
+    def _wait(self) -> Gathered:
         try:
             return self.transport.collect(self.timeout_s)
         except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
