@@ -39,15 +39,18 @@ PROTOCOL = (
     "samples per optimizer step / world size) (Adam square-root scaling), identical for every method. Standard "
     "runs as the paper's recipes run it: per-device batch 1 with gradient accumulation, the accumulation chosen "
     "before it runs as round(ODB pad's mean global samples per optimizer step / world size), measured on ODB pad "
-    "earlier in the same job (DDP no_sync on accumulated micro-batches, one all-reduce per optimizer step). So "
+    "in the workload's round-0 job, where it runs first (DDP no_sync on accumulated micro-batches, one all-reduce per optimizer step). So "
     "at equal samples seen, ODB and Standard have taken about the same number of optimizer steps at the same "
     "learning rate. Standard without accumulation (one optimizer step per sample) is reported beside it for "
     "reference where it runs. Validation loss per label token at the end of the last epoch, equal samples seen "
     "for every method. Throughput and quality criteria are judged against Standard with accumulation.")
 MEASUREMENT = (
-    "Measurement: one torchrun job per workload; process start, imports, data building and a few unmeasured "
-    "warm-up steps are paid once, before round 0. Then every method runs once per round, the order rotated "
-    "each round (A B C D, B C D A, C D A B, ...), garbage collected before each run; every run is a fresh net "
+    "Measurement: one torchrun job per workload and round, run round-major (every workload's round 0, then "
+    "every workload's round 1, ...), so the rounds of a workload are spread over the whole run and each is a "
+    "fresh process: their spread holds what differs between processes and what the machine's speed does "
+    "over the run. A job pays process start, imports, data building and a few unmeasured warm-up steps "
+    "before its round. In a round every method runs once, the order rotated each round (A B C D, B C D A, "
+    "C D A B, ...), garbage collected before each run; every run is a fresh net "
     "on the same samples and emits the same batches in every round (checked: steps, tokens and validation "
     "losses identical). Throughput = train samples emitted / wall time of the training loop (each epoch from "
     "iter() to its last batch: evaluation excluded, the first batch included). A ratio is computed per round "
@@ -326,8 +329,8 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
             PROTOCOL, ""]
     for run in runs:
         meas += [f"## {run['spec']['name']}", "", _spec_line(run["spec"]) +
-                 f"; data built in {run.get('data_s', 0):.1f} s, warm-up {run.get('warmup_s', 0):.1f} s, "
-                 f"job {run.get('job_s', 0):.0f} s", ""]
+                 f"; {run.get('jobs', 1)} job(s), in all: data built in {run.get('data_s', 0):.1f} s, "
+                 f"warm-up {run.get('warmup_s', 0):.1f} s, jobs {run.get('job_s', 0):.0f} s", ""]
         meas += _run_tables(run) + [""]
     name_meas = f"repro_{hw}_{stamp}.md"
     with open(os.path.join(outdir, name_meas), "w") as f:

@@ -3,10 +3,10 @@
     python -m paper_repro.repro           # quick grid, < 15 min on 2 cores
     python -m paper_repro.repro --full    # larger grid (every method and workload, 5 rounds)
 
-Part 1 (measured): for each run spec below, one torchrun job of 2 gloo CPU
-ranks (`paper_repro.train`) trains every method side by side on the same
-samples from the same init, in interleaved rounds (every method once per round,
-the order rotated), and reports literal emitted-sample throughput, time to the
+Part 1 (measured): for each run spec below and each round, one torchrun job of
+2 gloo CPU ranks (`paper_repro.train`) trains every method side by side on the
+same samples from the same init, the order rotated each round, the jobs
+round-major (`run_rounds`), and reports literal emitted-sample throughput, time to the
 first batch, real/padded tokens/s, steps, loader wait, the loop's CPU split and
 validation loss at equal samples, each as a median with its min-max over the
 rounds (`paper_repro.repro_stats`).  Before the jobs, `paper_repro.cache_cost`
@@ -32,7 +32,7 @@ import time
 from . import report
 from .spec import RunSpec
 
-__all__ = ["quick_specs", "full_specs", "run_spec", "main", "RESULTS", "BUDGET"]
+__all__ = ["quick_specs", "full_specs", "run_spec", "run_rounds", "job_spec", "merge_jobs", "main", "RESULTS", "BUDGET"]
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # ODB pad first: Standard's gradient accumulation is matched to its samples per optimizer step (train.py).
@@ -52,9 +52,9 @@ CACHE_PIPELINE = {"llava": "mm", "ultrachat": "text", "mmmix": "mm", "sharegpt4o
 # cluster simulation, ~150 s, must fit), so its repeats are shorter (`repeat_loop_s_quick`, the loop of
 # the fastest method on 2 idle cores) and the full grid meets it.
 BUDGET = {"repro_s": 900, "repeat_loop_s": 15, "repeat_loop_s_quick": 8, "rounds_min": 3}
-# 5 rounds in the quick grid, not 3: two consecutive runs of 3 rounds agreed on 5 of 12 ratios (each
-# median inside the other's min-max; docs/decisions/2026-12-01-repro-repeats.md)
-QUICK_ROUNDS = 5
+# 4 rounds in the quick grid, each its own job per workload (`run_rounds`): 5 such rounds took 901 s, past
+# the budget (docs/decisions/2026-12-01-repro-repeats.md)
+QUICK_ROUNDS = 4
 
 
 def _base(**kw) -> dict:
@@ -127,6 +127,56 @@ def run_spec(spec: dict, workdir: str, nproc: int = 2, timeout_s: float = 600, o
         return json.load(f)
 
 
+def job_spec(spec: dict, r: int, accums: dict) -> dict:
+    """The job of round `r` of `spec`: one round, rotated as round r, with the accumulation `accums`
+    (what the workload's round-0 job matched; {} for round 0 itself)."""
+    return dict(spec, repeats=1, first_round=r, accums=dict(accums),
+                retry_budget_s=spec["retry_budget_s"] / spec["repeats"])
+
+
+def merge_jobs(spec: dict, jobs: list[dict]) -> dict:
+    """One run record (what `paper_repro.report` reads) from a workload's jobs, contiguous rounds, in order:
+    every method's repeats and the rounds' orders concatenated, the jobs' times added up."""
+    firsts, want = [j["first_round"] for j in jobs], [sum(len(j["rounds"]) for j in jobs[:i]) for i in range(len(jobs))]
+    if firsts != want:
+        raise ValueError(f"{spec['name']}: jobs starting at rounds {firsts}, expected {want} (contiguous, in order)")
+    run = {"spec": spec, "world_size": jobs[0]["world_size"], "jobs": len(jobs), "methods": {},
+           "rounds": [o for j in jobs for o in j["rounds"]]}
+    for k in ("data_s", "warmup_s", "rerun_s", "job_s"):
+        run[k] = sum(j.get(k, 0.0) for j in jobs)
+    for m in spec["methods"]:
+        entry = {"method": m, "repeats": [x for j in jobs for x in j["methods"][m]["repeats"]]}
+        gone = [j["methods"][m]["unavailable"] for j in jobs if "unavailable" in j["methods"][m]]
+        if gone:
+            entry["unavailable"] = gone[0]
+        run["methods"][m] = entry
+    return run
+
+
+def run_rounds(specs: list[dict], workdir: str, on_progress=None, on_job=None) -> list[dict]:
+    """Every spec's rounds, one torchrun job per workload and round, round-major (every workload's round 0,
+    then every round 1, ...): a round's spread then holds what differs between processes and across the
+    whole run (a machine whose speed drifts), not only what differs inside one job.  Standard's accumulation
+    is matched in each workload's round-0 job and passed to its later jobs.  Returns one merged run per spec."""
+    jobs: dict[str, list[dict]] = {s["name"]: [] for s in specs}
+    accums: dict[str, dict] = {}
+    for r in range(max(s["repeats"] for s in specs)):
+        for s in specs:
+            if r >= s["repeats"]:
+                continue
+            js = job_spec(s, r, accums.get(s["name"], {}))
+            if on_job:
+                on_job(js)
+            t = time.monotonic()
+            res = run_spec(js, workdir, timeout_s=60 + 40 * len(s["methods"]), on_progress=on_progress)
+            res["job_s"] = time.monotonic() - t
+            jobs[s["name"]].append(res)
+            if r == 0:
+                accums[s["name"]] = {m: e["repeats"][0]["accum"] for m, e in res["methods"].items()
+                                     if m in s["accum_methods"] and e["repeats"]}
+    return [merge_jobs(s, jobs[s["name"]]) for s in specs]
+
+
 def _previous(outdir: str) -> list[dict]:
     """The runs of the raw JSON this run will overwrite ([] if absent or unreadable)."""
     try:
@@ -169,12 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(len(s["methods"]) * s["repeats"] for s in specs)
         with tempfile.TemporaryDirectory(prefix="odb_repro_") as wd, tqdm(total=total, desc="training repeats",
                                                                            unit="run") as bar:
-            for s in specs:
-                bar.set_postfix_str(s["name"])
-                t = time.monotonic()
-                runs.append(run_spec(s, wd, timeout_s=60 + 40 * len(s["methods"]) * s["repeats"],
-                                     on_progress=lambda m: bar.update(1)))
-                runs[-1]["job_s"] = time.monotonic() - t
+            runs = run_rounds(specs, wd, on_progress=lambda m: bar.update(1),
+                              on_job=lambda s: bar.set_postfix_str(f"{s['name']} round {s['first_round']}"))
     t = time.monotonic()
     sim = cluster_runs.run_all(full=args.full, progress=True)
     sim_s = time.monotonic() - t

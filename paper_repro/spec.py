@@ -41,6 +41,10 @@ class RunSpec:
     accum_match: str = "odb_pad"
     accum_methods: list = field(default_factory=lambda: ["standard1", "standardB"])
     repeats: int = 3                 # interleaved rounds: every method once per round, the order rotated
+    first_round: int = 0             # this job's rounds are first_round .. first_round + repeats - 1 (their
+                                     # index and their rotation): `make repro` runs one job per round
+    accums: dict = field(default_factory=dict)  # method -> micro-batches per optimizer step, fixed by the
+                                     # workload's first job; a method not in it is matched in this job
     warmup_steps: int = 8            # unmeasured forward/backward steps before round 0 (kernels, gloo, allocator)
     max_load_cores: float = 0.15     # a run during which other programs kept more cores busy than this is
                                      # "loaded" (paper_repro.cpu) and is rerun at once, up to `retries` times,

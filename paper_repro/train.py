@@ -203,6 +203,9 @@ def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
     have taken about the same number of optimizer steps with the same learning rate (the schedule is on samples;
     sqrt scaling on the global samples of the optimizer step).
 
+    `make repro` runs one job per round and passes what a workload's round-0 job matched to its later jobs
+    (``spec["accums"]``), where this is not called.
+
     1 unless `method` is in spec["accum_methods"]; then matched to the mean global samples per
     optimizer step of spec["accum_match"], which must have run already in this job (every rank
     holds the same merged records, so every rank computes the same value).
@@ -322,15 +325,15 @@ def main(argv: list[str] | None = None) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     methods = spec["methods"]
     results = {"spec": spec, "world_size": world_size, "methods": {m: {"method": m, "repeats": []} for m in methods},
-               "rounds": [], "rerun_s": 0.0}
+               "rounds": [], "first_round": spec["first_round"], "rerun_s": 0.0}
     try:
         t = time.perf_counter()
         ds_train, ds_val = workloads.build_datasets(spec)
         data = (ds_train, ds_val, workloads.val_batches(ds_val, spec))
         results["data_s"] = time.perf_counter() - t
         results["warmup_s"] = warm_up(spec, data, rank, world_size)
-        accums: dict[str, int] = {}
-        for r in range(spec["repeats"]):
+        accums: dict[str, int] = dict(spec["accums"])
+        for r in range(spec["first_round"], spec["first_round"] + spec["repeats"]):
             order = [m for m in round_order(methods, r) if "unavailable" not in results["methods"][m]]
             results["rounds"].append(order)
             for pos, m in enumerate(order):

@@ -65,7 +65,7 @@ def test_standard_plan_deals_every_sample_once_with_equal_steps():
 @pytest.mark.slow  # two torchrun ranks (~15 s): the real harness end to end on a tiny config
 def test_harness_smoke_run_two_ranks_every_method_emits_every_sample_in_every_round(tmp_path):
     from paper_repro import repro_stats as st
-    from paper_repro.repro import _base, run_spec
+    from paper_repro.repro import _base, job_spec, merge_jobs, run_spec
 
     methods = ["odb_pad", "odb_join", "gmt", "standard1", "standard1_noacc"]
     spec = _base(name="smoke", kind="text", num_train=16, num_val=8, cutoff=64, budget=128, epochs=1, window=8,
@@ -100,6 +100,19 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample_in_every_ro
     assert ms["standard1"]["steps"] == -(-8 // want)  # the epoch's last group may be shorter
     # the same init and the same data: every method starts from the same validation loss
     assert len({round(ms[m]["val_loss"][0][1], 6) for m in methods}) == 1
+    # make repro's next job: round 2 alone, rotated as round 2, Standard's accumulation handed on from round 0
+    res2 = run_spec(job_spec(spec, 2, {"standard1": want, "standard1_noacc": 1}), str(tmp_path), timeout_s=150)
+    assert res2["rounds"] == [methods[2:] + methods[:2]] and res2["first_round"] == 2
+    for m in methods:
+        (rec,) = res2["methods"][m]["repeats"]
+        assert rec["round"] == 2 and "curve" not in rec
+        assert st.identical(ms[m], rec), m  # another process, the same training
+    assert res2["methods"]["standard1"]["repeats"][0]["accum"] == want
+    run = merge_jobs(spec, [res, res2])
+    assert run["jobs"] == 2 and len(run["rounds"]) == 3
+    assert all([r["round"] for r in run["methods"][m]["repeats"]] == [0, 1, 2] for m in methods)
+    with pytest.raises(ValueError, match="contiguous"):
+        merge_jobs(spec, [res2, res])
 
 
 def test_accumulation_is_matched_to_the_reference_method_and_refuses_a_wrong_order():
