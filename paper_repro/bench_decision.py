@@ -1,0 +1,137 @@
+"""Decision time as one rank's process sees it, at cluster scale: N = 1024 ranks, W = 1024, GC on.
+
+A simulation of N ranks in one process (`odb.core.sim.simulate`) holds every rank's state, so its
+garbage collector walks N ranks' objects and its per-rank timings are not a rank's.  Here the
+N-rank simulation only records the headers every round's collective returns (``on_round``); then a
+fresh process (``python -m paper_repro.bench_decision --replay``) builds ONE rank's core, the
+runtime's `RankCore` through `odb.core.sim.replay_rank`, and feeds it those headers.  The replay
+checks that the rank posts exactly the recorded header every round, so what it times is the run
+that was recorded.  The pass is replayed `passes` times in the same process, garbage kept and the
+collector on, so the spread includes the collector's pauses.
+
+Per round it reports (ms): ``policy`` (summarize + propose + partition: the alignment decision),
+``collect`` (the WAIT row on the gathered headers: the replicated checks, the policy's propose and
+partition, the deal), ``decode`` (the N headers into fields), ``local`` (the EMIT/FILL rows before
+the post).  Decoding the headers grows with N; the loss counts are reduced, not gathered
+(`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from odb.batching import make_cost_model
+from odb.core.header import Gathered, Post, reduce_posts
+from odb.core.sim import replay_rank, simulate
+
+from .distributions import sample_lengths
+
+__all__ = ["record", "replay", "decision_at_scale", "TARGETS"]
+
+# The issue's targets for one rank's decision per round at N = 1024, W = 1024 (ms).
+TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0}
+
+
+def _setting(a: dict):
+    sizes = sample_lengths(a["dist"], a["world"] * a["per_rank"], a["seed"])
+    return sizes, make_cost_model(a["kind"], a["budget"])
+
+
+def record(a: dict, path: str) -> dict:
+    """Simulate `a` (dist, world, window, budget, kind, per_rank, seed, rounds; dealt sharding, the default
+    policy) and save, for the first ``a["rounds"]`` rounds, what rank ``a["rank"]`` posted and what the
+    collective returned (the N headers and the reduced counts) to `path` (.npz)."""
+    sizes, cost = _setting(a)
+    keep: dict[str, list] = {"heads": [], "totals": [], "maxes": [], "mine_h": [], "mine_c": []}
+
+    def on_round(k, posts):
+        g = reduce_posts(posts)
+        for name, v in (("heads", g.rows), ("totals", g.totals), ("maxes", g.tokens_max),
+                        ("mine_h", posts[a["rank"]].header), ("mine_c", posts[a["rank"]].counts)):
+            keep[name].append(np.asarray(v, dtype=np.int64))
+        return len(keep["heads"]) >= a["rounds"]
+
+    t0 = time.perf_counter()
+    simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round)
+    arrs = {k: np.stack(v) for k, v in keep.items()}
+    np.savez(path, **arrs)
+    return {"rounds": len(keep["heads"]), "header_ints": int(arrs["heads"].shape[2]),
+            "reduced_ints": int(arrs["totals"].shape[1] + arrs["maxes"].shape[1]), "record_s": time.perf_counter() - t0}
+
+
+def replay(a: dict, path: str) -> list[dict]:
+    """In this process: rank ``a["rank"]`` alone, ``a["passes"]`` passes over the recorded rounds."""
+    sizes, cost = _setting(a)
+    z = np.load(path)
+    # what the transport hands the core: int lists
+    rounds = [(Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
+               Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()))
+              for k in range(z["heads"].shape[0])]
+    del z
+    out = []
+    for _ in range(a["passes"]):
+        out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
+                           mode="pad", deal=sizes)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
+                      kind: str = "padded", per_rank: int = 2048, rounds: int = 12, passes: int = 8,
+                      rank: int = 0, seed: int = 0) -> dict:
+    """Record `rounds` rounds of an N-rank simulation, replay them on one rank in a fresh process;
+    median / p99 / max per part (ms) over rounds x passes, and the targets' verdicts."""
+    a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
+             rounds=rounds, passes=passes, rank=rank)
+    with tempfile.TemporaryDirectory(prefix="odb_decision_") as tmp:
+        path = os.path.join(tmp, "posts.npz")
+        rec = record(a, path)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "paper_repro.bench_decision", "--replay", json.dumps(a), path],
+                              capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode != 0:
+            raise RuntimeError(f"replay failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+        replay_s = time.perf_counter() - t0
+    out = {**a, **rec, "replay_s": replay_s, "samples": len(rows), "header_bytes": 8 * rec["header_ints"],
+           "received_bytes": 8 * (rec["header_ints"] * world + rec["reduced_ints"])}
+    for part in ("policy", "collect", "decode", "local"):
+        xs = [1e3 * r[part + "_s"] for r in rows]
+        out[part] = {"median_ms": statistics.median(xs), "p99_ms": _pct(xs, 0.99), "max_ms": max(xs)}
+    out["verdicts"] = {"policy_median_ms": out["policy"]["median_ms"] < TARGETS["policy_median_ms"],
+                       "policy_p99_ms": out["policy"]["p99_ms"] < TARGETS["policy_p99_ms"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replay", nargs=2, metavar=("ARGS_JSON", "POSTS_NPZ"), help="(internal) the replay process")
+    ap.add_argument("--world", type=int, default=1024)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--passes", type=int, default=8)
+    args = ap.parse_args(argv)
+    if args.replay:
+        print(json.dumps(replay(json.loads(args.replay[0]), args.replay[1])))
+        return 0
+    print(json.dumps(decision_at_scale(world=args.world, window=args.window, rounds=args.rounds,
+                                       passes=args.passes), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

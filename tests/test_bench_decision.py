@@ -1,0 +1,63 @@
+"""One rank replayed on recorded headers (`odb.core.sim.replay_rank`, `paper_repro.bench_decision`)."""
+
+import pytest
+
+from odb.batching import make_cost_model
+from odb.core.header import Post, reduce_posts
+from odb.core.sim import replay_rank, simulate
+from odb.errors import ProtocolError
+from paper_repro.distributions import sample_lengths
+
+
+def _record(world=4, window=16, per_rank=48, stop=None):
+    sizes = sample_lengths("sharegpt4o", world * per_rank, 3)
+    cost = make_cost_model("padded", 4096)
+    posts = []
+
+    def keep(k, p):
+        assert k == len(posts)
+        posts.append(list(p))
+        return stop is not None and len(posts) >= stop
+
+    res = simulate([[] for _ in range(world)], cost, window=window, deal=sizes, on_round=keep)
+    return sizes, cost, posts, res
+
+
+def _rounds(posts, r):
+    return [(p[r], reduce_posts(p)) for p in posts]
+
+
+def test_every_rank_replayed_alone_posts_the_header_it_posted_in_the_simulation():
+    sizes, cost, posts, res = _record()
+    assert res.rounds == len(posts) >= 3
+    for r in range(4):
+        got = replay_rank(r, _rounds(posts, r), [[] for _ in range(4)], cost, window=16, deal=sizes)
+        assert len(got) == len(posts)
+        assert all(v >= 0 for row in got for v in row.values())
+        assert sum(row["policy_s"] for row in got) > 0
+
+
+def test_a_replay_fed_another_runs_headers_is_refused():
+    sizes, cost, posts, _ = _record()
+    bad = _rounds(posts, 2)
+    mine, g = bad[1]
+    bad[1] = (Post(mine.header, [mine.counts[0] + 1, *mine.counts[1:]]), g)  # another round-1 post than rank 2's
+    with pytest.raises(ProtocolError, match="round 1's post differs"):
+        replay_rank(2, bad, [[] for _ in range(4)], cost, window=16, deal=sizes)
+
+
+def test_on_round_ends_the_simulation_where_it_says():
+    _, _, posts, res = _record(stop=2)
+    assert len(posts) == 2 and res.rounds == 1  # the second round's headers were seen, not collected
+
+
+@pytest.mark.slow  # a subprocess replays (imports odb; ~5 s)
+def test_decision_at_scale_end_to_end_on_a_small_point():
+    from paper_repro.bench_decision import decision_at_scale
+
+    out = decision_at_scale(world=4, window=16, budget=4096, per_rank=64, rounds=3, passes=2)
+    assert out["rounds"] == 3 and out["samples"] == 6
+    assert out["received_bytes"] == 4 * out["header_bytes"] + 8 * 4 * 16  # 4 headers, 3W sums and W maxima
+    for part in ("policy", "collect", "decode", "local"):
+        assert 0 <= out[part]["median_ms"] <= out[part]["p99_ms"] <= out[part]["max_ms"]
+    assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms"}
