@@ -39,13 +39,14 @@ the simulation charges it.
 Protocol cost: the released package all-gathers ``[slots, groups, size per
 group..., token sum per group...]`` per rank per window (exact loss scaling),
 up to ``2 + 2W`` integers per rank: O(N * W) received per rank and round.  ODB
-all-gathers its runtime header, ``11 + S + L`` integers per rank
-(`odb.core.header.HeaderLayout`: status, round, window size, epoch and the
-3-int replicated digest, the policy summary, the dealer's 4 ints, L = 2 log2(W)
-or fewer for the dealer's intake bound), and all-reduces 3 counts per batch of
-the previous round (sum, exact loss scaling) and each batch's tokens (max): 4W
-integers, whatever N.  `protocol_cost` gives bytes received per rank and the
-ring latency of both.
+all-reduces (`odb.runtime.transport`) one vector of N header slots, its runtime
+header being ``11 + S + L`` integers (`odb.core.header.HeaderLayout`: status,
+round, window size, epoch and the 3-int replicated digest, the policy summary,
+the dealer's 4 ints, L = 2 log2(W) or fewer for the dealer's intake bound),
+followed by 3 counts per batch of the previous round (summed: exact loss
+scaling), and then each batch's tokens (max): O(N * (11 + S + L) + 4W)
+integers, the counts' share independent of N.  `protocol_cost` gives bytes
+received per rank and the ring latency of both.
 """
 
 from __future__ import annotations
@@ -164,9 +165,10 @@ def plan_stats(plan: Plan) -> dict:
     return {"steps": len(plan), "samples": sum(len(x) for st in plan for x in st if not isinstance(x, tuple))}
 
 
-def odb_reduced_bytes(window: int, int_bytes: int = 8) -> tuple[int, int]:
-    """The vectors ODB all-reduces per round: 3W counts (sum) and W tokens (max) (`odb.runtime.transport`)."""
-    return 3 * window * int_bytes, window * int_bytes
+def odb_reduced_bytes(world_size: int, window: int, header_len: int, int_bytes: int = 8) -> tuple[int, int]:
+    """The two vectors ODB all-reduces per round (`odb.runtime.transport`): N header slots and 3W counts
+    (sum), W tokens (max)."""
+    return (world_size * header_len + 3 * window) * int_bytes, window * int_bytes
 
 
 def protocol_cost(world_size: int, window: int, header_len: int, model: StepModel = H20_2B,
@@ -175,14 +177,12 @@ def protocol_cost(world_size: int, window: int, header_len: int, model: StepMode
 
     release: every rank sends [slots, groups, one size and one token sum per group] with up
     to `window` groups (its worst case: singletons), so N * (2 + 2 window) ints gathered.
-    odb: every rank sends a fixed `header_len`-int header, so N * header_len ints gathered, and
-    two ring all-reduces of 3 window and window ints, of which a rank receives 2 (N-1)/N.
+    odb: two ring all-reduces (`odb_reduced_bytes`), of which a rank receives 2 (N-1)/N each.
     """
     n = world_size
     rel = (2 + 2 * window) * int_bytes
-    ours = header_len * int_bytes
-    red = odb_reduced_bytes(window, int_bytes)
+    red = odb_reduced_bytes(n, window, header_len, int_bytes)
     return {"world_size": n, "window": window,
-            "release_bytes": n * rel, "odb_bytes": n * ours + sum(2 * (n - 1) / n * b for b in red),
+            "release_bytes": n * rel, "odb_bytes": sum(2 * (n - 1) / n * b for b in red),
             "release_latency_s": model.allgather(n, rel),
-            "odb_latency_s": model.allgather(n, ours) + sum(model.allreduce(n, b) for b in red)}
+            "odb_latency_s": sum(model.allreduce(n, b) for b in red)}

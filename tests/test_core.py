@@ -57,6 +57,18 @@ def test_the_collective_sums_the_counts_and_keeps_each_batchs_largest_tokens(w, 
         lay.check_reduced(g._replace(totals=[*g.totals, 0]))
 
 
+def test_the_transport_gathers_while_a_round_stays_small_and_reduces_past_it():
+    from odb.runtime.transport import GATHER_LIMIT, HeaderGather, counts_mode
+
+    lay = _layout(1024)  # 63-int headers, 3072 counts
+    per_rank = lay.length + 3 * 1024
+    assert counts_mode(GATHER_LIMIT // per_rank, lay.length, 1024) == "gather"
+    assert counts_mode(GATHER_LIMIT // per_rank + 1, lay.length, 1024) == "reduce"
+    assert counts_mode(8, lay.length, 1024) == "gather" and counts_mode(1024, lay.length, 1024) == "reduce"
+    with pytest.raises(ValueError, match="mode"):
+        HeaderGather(None, 1, "scatter")
+
+
 def _shared(**kw):
     base = dict(protocol="p", window=8, mode="pad", sharding="dealt", header_len=_layout().length,
                 policy=describe_policy(default_policy()), cost="padded(tokens:padded<=64)",

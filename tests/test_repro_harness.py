@@ -45,14 +45,17 @@ def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
         p = cs.protocol_cost(64, w, h)
         lad = {64: 12, 1024: 20}[w]  # len(intake_ladder(w)): 1, 2, 3, 4, 6, 8, 12, ... w
         # the header the engine posts: st, round, n, epoch, 3 digest ints, summary, 4 deal ints, ladder;
-        # beside it 3W counts (summed) and W tokens (max) are all-reduced: 2 (N-1)/N of them received
+        # all-reduced in N slots with the 3W counts (sum), then W tokens (max): 2 (N-1)/N of each received
         assert h == 11 + default_policy().summary_len + lad
         assert p["release_bytes"] == 64 * (2 + 2 * w) * 8
-        assert p["odb_bytes"] == pytest.approx(64 * h * 8 + 2 * 63 / 64 * 4 * w * 8)
-        assert p["odb_latency_s"] > cs.H20_2B.allgather(64, 8 * h)  # the reductions are charged
+        assert p["odb_bytes"] == pytest.approx(2 * 63 / 64 * (64 * h + 4 * w) * 8)
+        assert p["odb_latency_s"] == pytest.approx(cs.H20_2B.allreduce(64, 8 * (64 * h + 3 * w))
+                                                   + cs.H20_2B.allreduce(64, 8 * w))
     # the counts' share does not grow with N (the headers' does)
-    big, small = cs.protocol_cost(1024, 1024, h), cs.protocol_cost(64, 1024, h)
-    assert big["odb_bytes"] - 1024 * h * 8 == pytest.approx(small["odb_bytes"] - 64 * h * 8, rel=0.02)
+    def counts_share(n):
+        return cs.protocol_cost(n, 1024, h)["odb_bytes"] - 2 * (n - 1) / n * n * h * 8
+
+    assert counts_share(1024) == pytest.approx(counts_share(64), rel=0.02)
 
 
 def test_standard_plan_deals_every_sample_once_with_equal_steps():

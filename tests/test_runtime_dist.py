@@ -60,7 +60,7 @@ def check_step_counts_agree(values):
             assert sum(s["scale"] for s in per_rank) == pytest.approx(len(values))
 
 
-def _transport_rounds(rank, world_size, rounds):
+def _transport_rounds(rank, world_size, rounds, mode):
     import random as _random
 
     import torch.distributed as dist
@@ -68,7 +68,7 @@ def _transport_rounds(rank, world_size, rounds):
     from odb.core.header import Post
     from odb.runtime.transport import HeaderGather
 
-    gather = HeaderGather(dist.new_group(backend="gloo"), world_size)
+    gather = HeaderGather(dist.new_group(backend="gloo"), world_size, mode)
     got = []
     for k in range(rounds):
         rng = _random.Random(1000 * k + rank)  # each rank's own post, another every round
@@ -78,12 +78,13 @@ def _transport_rounds(rank, world_size, rounds):
     return got
 
 
-def test_the_transport_gathers_the_headers_and_reduces_the_counts_as_reduce_posts_does(tmp_path):
+@pytest.mark.parametrize("mode", ["gather", "reduce"])
+def test_the_transport_gathers_the_headers_and_reduces_the_counts_as_reduce_posts_does(tmp_path, mode):
     import random as _random
 
     from odb.core.header import Post, reduce_posts
 
-    res = run_ranks(_transport_rounds, 3, tmp_path, args=(4,), timeout_s=60)
+    res = run_ranks(_transport_rounds, 3, tmp_path, args=(4, mode), timeout_s=60)
     assert all(o.status == "ok" for o in res), res
     for k in range(4):
         posts = []

@@ -28,7 +28,7 @@ from ..core.rank import CLOSED, FAILED, OK, Batch, RankCore
 from ..errors import RankFailure
 from ..protocol.table import DGAP
 from .trace import TraceWriter
-from .transport import HeaderGather
+from .transport import HeaderGather, counts_mode
 
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
@@ -51,7 +51,8 @@ class Engine:
         self.out: queue.Queue = queue.Queue(maxsize=queue_size)
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
-        self.transport = HeaderGather(group, self.world_size)
+        lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
+        self.transport = HeaderGather(group, self.world_size, counts_mode(self.world_size, lay.length, lay.window))
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{self.rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------
