@@ -32,6 +32,7 @@ import numpy as np
 from odb.batching import make_cost_model
 from odb.core.header import Gathered, Post, reduce_posts
 from odb.core.sim import replay_rank, simulate
+from odb.runtime.transport import counts_mode
 
 from .distributions import sample_lengths
 
@@ -71,12 +72,19 @@ def record(a: dict, path: str) -> dict:
 def replay(a: dict, path: str) -> list[dict]:
     """In this process: rank ``a["rank"]`` alone, ``a["passes"]`` passes over the recorded rounds."""
     sizes, cost = _setting(a)
-    z = np.load(path)
-    # what the transport hands the core: int lists
-    rounds = [(Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
-               Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()))
-              for k in range(z["heads"].shape[0])]
-    del z
+    z = dict(np.load(path))
+
+    class Rounds:  # each round as the transport hands it to the core (int lists), built when it is reached:
+        # a rank holds one round's headers at a time, so the collector sees what a rank's process holds
+        def __len__(self):
+            return z["heads"].shape[0]
+
+        def __iter__(self):
+            for k in range(len(self)):
+                yield (Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
+                       Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()))
+
+    rounds = Rounds()
     out = []
     for _ in range(a["passes"]):
         out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
@@ -90,15 +98,22 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
-                      kind: str = "padded", per_rank: int = 2048, rounds: int = 12, passes: int = 8,
-                      rank: int = 0, seed: int = 0) -> dict:
+                      kind: str = "padded", per_rank: int = 2048, rounds: int = 6, passes: int = 16,
+                      rank: int = 0, seed: int = 0, recorded: str | None = None) -> dict:
     """Record `rounds` rounds of an N-rank simulation, replay them on one rank in a fresh process;
-    median / p99 / max per part (ms) over rounds x passes, and the targets' verdicts."""
+    median / p99 / max per part (ms) over rounds x passes, each replayed round's figures (``per_round``,
+    pass-major), and the targets' verdicts.  ``recorded``: an .npz path to keep the recording at, or to
+    reuse one already there (recording 1024 ranks takes minutes; the replay seconds)."""
     a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
              rounds=rounds, passes=passes, rank=rank)
     with tempfile.TemporaryDirectory(prefix="odb_decision_") as tmp:
-        path = os.path.join(tmp, "posts.npz")
-        rec = record(a, path)
+        path = recorded or os.path.join(tmp, "posts.npz")
+        if recorded and os.path.exists(recorded):
+            with np.load(recorded) as z:
+                rec = {"rounds": int(z["heads"].shape[0]), "header_ints": int(z["heads"].shape[2]),
+                       "reduced_ints": int(z["totals"].shape[1] + z["maxes"].shape[1]), "record_s": None}
+        else:
+            rec = record(a, path)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "paper_repro.bench_decision", "--replay", json.dumps(a), path],
                               capture_output=True, text=True, timeout=1800,
@@ -107,11 +122,19 @@ def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int =
             raise RuntimeError(f"replay failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = json.loads(proc.stdout.strip().splitlines()[-1])
         replay_s = time.perf_counter() - t0
-    out = {**a, **rec, "replay_s": replay_s, "samples": len(rows), "header_bytes": 8 * rec["header_ints"],
-           "received_bytes": 8 * (rec["header_ints"] * world + rec["reduced_ints"])}
+    h, red = rec["header_ints"], rec["reduced_ints"]  # red = 4W: 3W counts and W tokens
+    mode = counts_mode(world, h, window)  # what the transport runs at this N and W, and receives per round
+    got = world * (h + red * 3 // 4) if mode == "gather" else 2 * (world - 1) / world * (world * h + red)
+    out = {**a, **rec, "replay_s": replay_s, "samples": len(rows), "header_bytes": 8 * h, "transport": mode,
+           "received_bytes": 8 * got}
+    later = [r for i, r in enumerate(rows) if i % rec["rounds"] >= 2]  # past each pass's first two deals
     for part in ("policy", "collect", "decode", "local"):
         xs = [1e3 * r[part + "_s"] for r in rows]
         out[part] = {"median_ms": statistics.median(xs), "p99_ms": _pct(xs, 0.99), "max_ms": max(xs)}
+        if later:  # the first two rounds deal the first N x W positions; the rest deal what was consumed
+            ys = [1e3 * r[part + "_s"] for r in later]
+            out[part].update(later_median_ms=statistics.median(ys), later_p99_ms=_pct(ys, 0.99))
+    out["per_round"] = [{k: round(1e3 * v, 4) for k, v in r.items()} for r in rows]  # ms
     out["verdicts"] = {"policy_median_ms": out["policy"]["median_ms"] < TARGETS["policy_median_ms"],
                        "policy_p99_ms": out["policy"]["p99_ms"] < TARGETS["policy_p99_ms"]}
     return out
@@ -122,14 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", nargs=2, metavar=("ARGS_JSON", "POSTS_NPZ"), help="(internal) the replay process")
     ap.add_argument("--world", type=int, default=1024)
     ap.add_argument("--window", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--passes", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--passes", type=int, default=16)
+    ap.add_argument("--recorded", default=None, help="keep (or reuse) the recording at this .npz path")
     args = ap.parse_args(argv)
     if args.replay:
         print(json.dumps(replay(json.loads(args.replay[0]), args.replay[1])))
         return 0
     print(json.dumps(decision_at_scale(world=args.world, window=args.window, rounds=args.rounds,
-                                       passes=args.passes), indent=1))
+                                       passes=args.passes, recorded=args.recorded), indent=1))
     return 0
 
 

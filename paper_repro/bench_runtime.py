@@ -1,6 +1,6 @@
 """Runtime overhead of `odb.ODBDataLoader` on this machine (CPU, loopback gloo).
 
-Three figures, each printed and returned by `main(out_dir)`:
+Four figures, each printed and returned by `main(out_dir)`:
 
 1. ``cpu_us_per_sample``: process CPU time per sample of the whole loader path
    at world size 1 with trivial preprocessing and a no-op collate (source,
@@ -9,13 +9,15 @@ Three figures, each printed and returned by `main(out_dir)`:
    thread hand-offs and other load on the machine); the least of 5 passes,
    every pass's figure kept beside it.  Target: < 50 us CPU per sample.
 2. ``ms_per_round``: one round of the runtime's collective (`odb.runtime.transport.HeaderGather`: an
-   all-gather of int64[7 + S + 4 + L] headers, all-reduces of 3W and W ints) and the decoding of the N
-   headers, on loopback gloo at 2-16 ranks and
-   W = 64/256/1024, with a fitted model extrapolated to 4096 ranks (`collective_scaling`).  Target:
-   < 5 ms at 4 ranks, W = 256.
+   all-reduce of N int64[11 + S + L] header slots and 3W counts, one of W ints) and the decoding of the N
+   headers, on loopback gloo at 2-16 ranks and W = 64/256/1024, with a fitted model extrapolated to
+   4096 ranks (`collective_scaling`).  Target: < 5 ms at 4 ranks, W = 256.
 3. ``wait_fraction``: time a small training loop (`paper_repro.nets.lm.TinyLM`,
    world size 1, one preprocessing worker) waits on the loader, over its total
    time.  Target: < 2 %.
+4. ``decision``: one rank's process replaying its core on the recorded collectives of 1024 ranks,
+   W = 1024, GC on (`paper_repro.bench_decision`).  Targets: the policy's time per round, median
+   < 1 ms and p99 < 5 ms (`bench_decision.TARGETS`).
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
@@ -40,7 +42,9 @@ import odb
 from odb.batching import default_policy
 from odb.core.header import Post
 from odb.runtime.engine import header_layout
-from odb.runtime.transport import HeaderGather
+from odb.runtime.transport import HeaderGather, counts_mode
+
+from . import bench_decision
 
 __all__ = ["main", "loader_overhead", "collective_round", "collective_scaling", "training_wait"]
 
@@ -117,7 +121,7 @@ def loader_overhead(num_samples: int = 20000, window: int = 256, budget: int = 8
             "cpu_us_per_sample_each_pass": [round(1e6 * r[2] / num_samples, 1) for r in runs]}
 
 
-def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: int, out: str) -> None:
+def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: int, out: str, mode: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -125,7 +129,7 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: in
                             timeout=timedelta(seconds=120))
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
     layout = header_layout(default_policy().summary_len, window)
-    gather = HeaderGather(group, world_size)  # the runtime's own round collective (odb.runtime.transport)
+    gather = HeaderGather(group, world_size, mode)  # the runtime's own round collective (odb.runtime.transport)
     post = Post([0] * layout.length, [0] * layout.counts_len)
     gathered, decoded = [], []
     for k in range(rounds + 10):
@@ -145,16 +149,18 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: in
     dist.destroy_process_group()
 
 
-def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> dict:
-    """Median (and p90) seconds of one round's collective (the headers' all-gather and the counts' two
-    all-reduces) and of decoding the N gathered headers, on rank 0 of `world_size` loopback gloo processes."""
+def collective_round(world_size: int, rounds: int = 300, window: int = 256, mode: str | None = None) -> dict:
+    """Median (and p90) seconds of one round's collective (`HeaderGather`'s two all-reduces) and of decoding
+    the N gathered headers, on rank 0 of `world_size` loopback gloo processes; `mode` None: the runtime's
+    (`odb.runtime.transport.counts_mode`)."""
     lay = header_layout(default_policy().summary_len, window)
     header_len, reduced = lay.length, lay.counts_len + lay.window
+    mode = mode or counts_mode(world_size, header_len, window)
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         outs = [os.path.join(tmp, f"r{r}.json") for r in range(world_size)]
-        procs = [ctx.Process(target=_gather_rank, args=(r, world_size, store, rounds, window, outs[r]))
+        procs = [ctx.Process(target=_gather_rank, args=(r, world_size, store, rounds, window, outs[r], mode))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -164,39 +170,44 @@ def collective_round(world_size: int, rounds: int = 300, window: int = 256) -> d
                 p.kill()
         times = json.load(open(outs[0]))
     g, d = sorted(times["gather"]), sorted(times["decode"])
-    return {"world_size": world_size, "window": window, "header_ints": header_len, "reduced_ints": reduced,
-            "rounds": len(g),
+    return {"world_size": world_size, "window": window, "mode": mode, "header_ints": header_len,
+            "reduced_ints": reduced, "rounds": len(g),
             "ms_per_round_median": 1e3 * statistics.median(g), "ms_per_round_p90": 1e3 * g[int(0.9 * len(g))],
             "decode_ms_median": 1e3 * statistics.median(d)}
 
 
 def collective_scaling(worlds=(2, 4, 8, 16), windows=(64, 256, 1024), extrapolate=(64, 256, 1024, 4096)) -> dict:
-    """The round collective measured at each world size and window, and a stated model fitted to it.
+    """The round collective measured at each world size and window in both modes (``runs``; ``runtime``: the
+    mode the runtime picks there), and a stated model of the "reduce" mode fitted to it.
 
-    Model (least squares on the medians): a round costs ``a (N-1) + b (N-1) L + d 2 (N-1)/N R`` ms for
-    headers of L ints and R = 4W reduced ints (a ring all-gather moves N-1 headers into every rank, a ring
-    all-reduce 2 (N-1)/N of the vector), decoding ``c N L``.  Loopback on this machine's
+    Model (least squares on the medians): a round costs ``a 2 (N-1) + b 2 (N-1)/N (N L + R)`` ms for
+    headers of L ints and R = 4W counts (two ring all-reduces of 2 (N-1) hops each, so ``a`` is one hop of
+    both; 2 (N-1)/N of the vectors received), decoding ``c N L``.  Loopback on this machine's
     cores, oversubscribed past 2 processes, so the fit is an upper bound of the per-hop cost here, not a
     network's; the extrapolation is the model's arithmetic, not a measurement.
     """
     import numpy as np
 
-    runs = [collective_round(n, rounds=200 if n <= 4 else 60, window=w) for n in worlds for w in windows]
-    def red(n, ints):  # ints a rank receives in a ring all-reduce of `ints`
-        return 2 * (n - 1) / n * ints
+    runs = [collective_round(n, rounds=150 if n <= 4 else 50, window=w, mode=m)
+            for n in worlds for w in windows for m in ("gather", "reduce")]
+    for r in runs:
+        r["runtime"] = r["mode"] == counts_mode(r["world_size"], r["header_ints"], r["window"])
+    all_runs, runs = runs, [r for r in runs if r["mode"] == "reduce"]
+    def red(n, length, reduced):  # ints a rank receives in the round's ring all-reduces
+        return 2 * (n - 1) / n * (n * length + reduced)
 
-    x = np.array([[r["world_size"] - 1, (r["world_size"] - 1) * r["header_ints"],
-                   red(r["world_size"], r["reduced_ints"])] for r in runs], float)
-    a, b, d = np.linalg.lstsq(x, np.array([r["ms_per_round_median"] for r in runs]), rcond=None)[0]
+    x = np.array([[2 * (r["world_size"] - 1), red(r["world_size"], r["header_ints"], r["reduced_ints"])]
+                  for r in runs], float)
+    a, b = np.linalg.lstsq(x, np.array([r["ms_per_round_median"] for r in runs]), rcond=None)[0]
     nl = np.array([[r["world_size"] * r["header_ints"]] for r in runs], float)
     c = float(np.linalg.lstsq(nl, np.array([r["decode_ms_median"] for r in runs]), rcond=None)[0][0])
     length = runs[-1]["header_ints"] if runs else 0  # the largest window's header
     reduced = runs[-1]["reduced_ints"] if runs else 0
     model = [{"world_size": n, "window": max(windows), "header_ints": length, "reduced_ints": reduced,
-              "gather_ms": a * (n - 1) + b * (n - 1) * length + d * red(n, reduced), "decode_ms": c * n * length,
-              "bytes_in_per_rank": 8 * ((n - 1) * length + red(n, reduced))} for n in extrapolate]
-    return {"runs": runs, "fit": {"a_ms_per_hop": float(a), "b_ms_per_hop_int": float(b),
-                                  "d_ms_per_reduced_int": float(d), "c_ms_per_int": c}, "model": model}
+              "gather_ms": a * 2 * (n - 1) + b * red(n, length, reduced), "decode_ms": c * n * length,
+              "bytes_in_per_rank": 8 * red(n, length, reduced)} for n in extrapolate]
+    return {"runs": all_runs, "fit": {"a_ms_per_hop": float(a), "b_ms_per_int_in": float(b), "c_ms_per_int": c},
+            "model": model}
 
 
 class _Tokenizing(torch.utils.data.Dataset):
@@ -248,21 +259,32 @@ def main(out_dir) -> dict:
     figures["loader"] = loader_overhead()
     figures["collective"] = collective_scaling()
     figures["training"] = training_wait()
+    figures["decision"] = bench_decision.decision_at_scale()
+    dec = figures["decision"]
     c4 = next(r["ms_per_round_median"] for r in figures["collective"]["runs"]
-              if r["world_size"] == 4 and r["window"] == 256)
+              if r["world_size"] == 4 and r["window"] == 256 and r["runtime"])
     figures["targets"] = {
         "cpu us_per_sample < 50": [round(figures["loader"]["cpu_us_per_sample"], 1),
                                    figures["loader"]["cpu_us_per_sample"] < TARGETS["us_per_sample"]],
         "ms_per_round at 4 ranks < 5": [round(c4, 3), c4 < TARGETS["ms_per_round_4"]],
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
+        **{f"decision policy {k[7:].replace('_ms', '')} at N={dec['world']} W={dec['window']} < "
+           f"{v:g} ms": [round(dec["policy"][k[7:]], 3), dec["verdicts"][k]]
+           for k, v in bench_decision.TARGETS.items()},
     }
     for r in figures["collective"]["runs"]:
-        print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} ({r['header_ints']} ints): gather "
+        print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} {r['mode']:>6}"
+              f"{' (runtime)' if r['runtime'] else ''} ({r['header_ints']} + {r['reduced_ints']} ints): round "
               f"{r['ms_per_round_median']:.2f} ms (p90 {r['ms_per_round_p90']:.2f}), decode {r['decode_ms_median']:.2f} ms")
     for m in figures["collective"]["model"]:
         print(f"round collective, MODEL (not measured): N={m['world_size']} W={m['window']}: gather "
               f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, {m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
+    print(f"decision, one rank of N={dec['world']} W={dec['window']} ({dec['samples']} rounds x passes, GC on): "
+          + ", ".join(f"{p} median {dec[p]['median_ms']:.3f} ms p99 {dec[p]['p99_ms']:.3f} max {dec[p]['max_ms']:.3f}"
+                      f" (past the first two rounds: {dec[p].get('later_median_ms', 0):.3f} / "
+                      f"{dec[p].get('later_p99_ms', 0):.3f})" for p in ("policy", "collect", "decode", "local"))
+          + f"; {dec['received_bytes'] / 1e6:.2f} MB received per round ({dec['transport']})")
     for name, (value, met) in figures["targets"].items():
         print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}")
     out = Path(out_dir)

@@ -51,7 +51,6 @@ received per rank and the ring latency of both.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 

@@ -130,9 +130,11 @@ def agree(a: dict | None, b: dict | None) -> bool | None:
     return a["lo"] <= b["med"] <= a["hi"] and b["lo"] <= a["med"] <= b["hi"]
 
 
-def compare_runs(prev: list[dict], cur: list[dict], base: str = "standard1") -> list[dict]:
-    """Side by side, per workload present in both: each method's samples/s and ratio to base.
-    Rows: {"workload", "what", "prev", "cur", "agree"}; runs without repeats are skipped."""
+def compare_runs(prev: list[dict], cur: list[dict], base: str = "standard1",
+                 pairs: tuple = (("odb_pad", "gmt"),)) -> list[dict]:
+    """Side by side, per workload present in both: each method's samples/s, its ratio to base, and the
+    ratios of `pairs` (ODB against the oracle).  Rows: {"workload", "what", "prev", "cur", "agree"}; runs
+    without repeats are skipped."""
     rows = []
     old = {r["spec"]["name"]: r for r in prev if any("repeats" in v for v in r["methods"].values())}
     for run in cur:
@@ -148,6 +150,12 @@ def compare_runs(prev: list[dict], cur: list[dict], base: str = "standard1") -> 
                 a, b = spread(paired(p, m, base)), spread(paired(run, m, base))
                 if a and b:
                     rows.append({"workload": run["spec"]["name"], "what": f"{m} / {base}", "prev": a, "cur": b,
+                                 "agree": agree(a, b)})
+        for m, ref in pairs:
+            if m in run["methods"] and ref in run["methods"]:
+                a, b = spread(paired(p, m, ref)), spread(paired(run, m, ref))
+                if a and b:
+                    rows.append({"workload": run["spec"]["name"], "what": f"{m} / {ref}", "prev": a, "cur": b,
                                  "agree": agree(a, b)})
     return rows
 

@@ -62,6 +62,11 @@ def test_two_runs_agree_when_each_median_lies_in_the_others_range():
     cur = run("w", {"odb_pad": [150, 155, 200], "standard1": [100, 100, 100]})
     rows = {r["what"]: r["agree"] for r in st.compare_runs([prev], [cur])}
     assert rows == {"odb_pad samples/s": True, "odb_pad / standard1": True, "standard1 samples/s": True}
+    # ODB against the oracle is compared too: 1.4-1.6 then 1.0-1.1 (paired per round) do not agree
+    prev["methods"]["gmt"] = run("w", {"gmt": [100, 100, 100]})["methods"]["gmt"]
+    cur["methods"]["gmt"] = run("w", {"gmt": [150, 150, 180]})["methods"]["gmt"]
+    rows = {r["what"]: r["agree"] for r in st.compare_runs([prev], [cur])}
+    assert rows["odb_pad / gmt"] is False and rows["gmt / standard1"] is False
     # a previous file without rounds (before repeats) is not compared
     old = {"spec": {"name": "w"}, "methods": {"odb_pad": {"samples_per_s": 1.0}}}
     assert st.compare_runs([old], [cur]) == []
