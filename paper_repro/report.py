@@ -298,12 +298,16 @@ def _compare_section(prev: list[dict], runs: list[dict], ratios_only: bool = Fal
                 "The previous results in this directory have no rounds (or none of these workloads): nothing to "
                 "compare; the next run will compare with this one."]
     rat = [r for r in rows if "samples/s" not in r["what"]]
+    n = min(min(r["prev"]["n"], r["cur"]["n"]) for r in rows)
     sps = [r for r in rows if "samples/s" in r["what"]]
     lines = ["## This run against the previous one", "",
              "The previous run's repro_raw.json (overwritten now) against this run; a quantity agrees when each "
              f"run's median lies inside the other's min-max. Ratios: {sum(1 for r in rat if r['agree'])} of "
              f"{len(rat)} agree; absolute samples/s, which move with the machine's load (ratios are paired within "
-             f"a round and cancel it): {sum(1 for r in sps if r['agree'])} of {len(sps)}.", "",
+             f"a round and cancel it): {sum(1 for r in sps if r['agree'])} of {len(sps)}. Two runs of one unchanged "
+             f"distribution, {n} rounds each, agree on {st.expected_agreement(n):.0%} of quantities under this "
+             "rule (`repro_stats.expected_agreement`): fewer here is a sign that something moved between the runs; "
+             "about as many is what no change looks like.", "",
              "| workload | quantity | previous run | this run | agree |", "|---|---|---|---|---|"]
     for r in (rat if ratios_only else rows):
         nd = 1 if "samples/s" in r["what"] else 2

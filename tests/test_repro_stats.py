@@ -72,6 +72,12 @@ def test_two_runs_agree_when_each_median_lies_in_the_others_range():
     assert st.compare_runs([old], [cur]) == []
 
 
+def test_the_agreement_to_expect_without_drift_grows_with_the_rounds():
+    e = [st.expected_agreement(n, trials=4000) for n in (3, 4, 5, 8)]
+    assert e == sorted(e) and 0.55 < e[1] < 0.68 and e[3] > 0.88  # n = 4: about 0.61
+    assert st.expected_agreement(4, trials=4000) == e[1]  # seeded: the report prints the same figure every run
+
+
 def test_ordering_along_cv_is_judged_on_ranges():
     up = [(0.3, st.spread([1.0, 1.1])), (0.5, st.spread([1.2, 1.3])), (0.8, st.spread([1.4, 1.5]))]
     assert st.ordering(up) == "rises"
@@ -168,3 +174,14 @@ def test_every_grid_spec_is_valid_and_meets_the_stated_repeat_and_gauge_targets(
                 # the gauge needs BMT to emit GMT's batches: the split fits one bucket (mm: stale cache aside)
                 assert s["num_train"] <= s["bmt_bucket"]
     assert all("bmt" in s["methods"] for s in quick_specs())
+
+
+def test_the_run_comparison_says_how_much_agreement_no_change_would_give():
+    from paper_repro.report import _compare_section
+
+    prev = run("w", {"odb_pad": [140, 150, 160, 150], "standard1": [100, 100, 100, 100]})
+    cur = run("w", {"odb_pad": [150, 155, 200, 150], "standard1": [100, 100, 100, 100]})
+    text = "\n".join(_compare_section([prev], [cur]))
+    assert "Ratios: 1 of 1 agree" in text and f"{st.expected_agreement(4):.0%} of quantities" in text
+    assert "| w | odb_pad / standard1 |" in text
+    assert "nothing to compare" in "\n".join(_compare_section([], [cur]))
