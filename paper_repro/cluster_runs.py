@@ -91,7 +91,8 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     sched = [[None if b is None else [shard_idx[r][i] for i in b] for b in res.batches[r]] for r in range(world_size)]
     header_len = header_layout(default_policy().summary_len, window).length
     out["odb_pad"] = cs.simulate(plan_from_schedule(sched, lengths, filler), world_size,
-                                 num_rounds=res.rounds, reduced_bytes=cs.odb_reduced_bytes(world_size, window, header_len))
+                                 num_rounds=res.rounds, round_s=cs.odb_round_latency(cs.H20_2B, world_size, window,
+                                                                                     header_len)[0])
     out["odb_pad"]["rounds"] = res.rounds
     out["odb_pad"]["simrank_s"] = sim_s
     for m in ("gmt", "bmt", "odb_pad"):

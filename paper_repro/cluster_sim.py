@@ -39,12 +39,13 @@ the simulation charges it.
 Protocol cost: the released package all-gathers ``[slots, groups, size per
 group..., token sum per group...]`` per rank per window (exact loss scaling),
 up to ``2 + 2W`` integers per rank: O(N * W) received per rank and round.  ODB
-all-reduces (`odb.runtime.transport`) one vector of N header slots, its runtime
-header being ``11 + S + L`` integers (`odb.core.header.HeaderLayout`: status,
-round, window size, epoch and the 3-int replicated digest, the policy summary,
-the dealer's 4 ints, L = 2 log2(W) or fewer for the dealer's intake bound),
-followed by 3 counts per batch of the previous round (summed: exact loss
-scaling), and then each batch's tokens (max): O(N * (11 + S + L) + 4W)
+posts a runtime header of ``11 + S + L`` integers (`odb.core.header.HeaderLayout`:
+status, round, window size, epoch and the 3-int replicated digest, the policy
+summary, the dealer's 4 ints, L = 2 log2(W) or fewer for the dealer's intake
+bound) and 3 counts per batch of the previous round (exact loss scaling).  While
+a rank would receive at most 1 MiB, one all-gather of both; past it
+(`odb.runtime.transport.counts_mode`), one all-reduce of N header slots and the
+summed counts, and one of each batch's tokens (max): O(N * (11 + S + L) + 4W)
 integers, the counts' share independent of N.  `protocol_cost` gives bytes
 received per rank and the ring latency of both.
 """
@@ -56,7 +57,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "odb_reduced_bytes", "standard_plan", "plan_stats"]
+__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "odb_reduced_bytes", "odb_round_latency",
+           "standard_plan", "plan_stats"]
 
 # A plan: one entry per step; each entry is a list over ranks of that rank's batch
 # (a list of sample lengths), [] for an idle/joined rank, or ("filler", L) for a PAD filler.
@@ -120,11 +122,11 @@ def _rank_batch(x) -> list[int]:
 
 
 def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds: int = 0,
-             header_bytes: int = 0, reduced_bytes: Sequence[int] = ()) -> dict:
+             header_bytes: int = 0, round_s: float | None = None) -> dict:
     """Predicted wall time and efficiency of a plan.
 
-    :param num_rounds, header_bytes, reduced_bytes: ODB's protocol rounds, per-rank header size and
-        the sizes of the vectors each round all-reduces; each round adds their latencies.
+    :param num_rounds, header_bytes, round_s: ODB's protocol rounds, and what one costs: `round_s`
+        seconds if given (`odb_round_latency`), else one all-gather of `header_bytes` per rank.
     Returns seconds, real samples, samples/s, straggler efficiency (mean over
     steps of mean rank compute / max rank compute) and padding fraction.
     """
@@ -143,8 +145,7 @@ def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds:
             samples += len(x)
             real += sum(x)
             padded += len(x) * max(x) if x else 0
-    t += num_rounds * (model.allgather(world_size, header_bytes)
-                       + sum(model.allreduce(world_size, b) for b in reduced_bytes))
+    t += num_rounds * (model.allgather(world_size, header_bytes) if round_s is None else round_s)
     return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
             "straggler_eff": float(np.mean(eff)) if eff else 1.0, "pad_frac": 1 - real / padded if padded else 0.0,
             "steps": len(plan)}
@@ -165,9 +166,24 @@ def plan_stats(plan: Plan) -> dict:
 
 
 def odb_reduced_bytes(world_size: int, window: int, header_len: int, int_bytes: int = 8) -> tuple[int, int]:
-    """The two vectors ODB all-reduces per round (`odb.runtime.transport`): N header slots and 3W counts
-    (sum), W tokens (max)."""
+    """The two vectors ODB all-reduces per round in its "reduce" mode (`odb.runtime.transport`): N header
+    slots and 3W counts (sum), W tokens (max)."""
     return (world_size * header_len + 3 * window) * int_bytes, window * int_bytes
+
+
+def odb_round_latency(model: "StepModel", world_size: int, window: int, header_len: int,
+                      int_bytes: int = 8) -> tuple[float, float]:
+    """(seconds, bytes received per rank) of one ODB round collective, in the mode the runtime picks for
+    this N and W (`odb.runtime.transport.counts_mode`): one all-gather of header + 3W counts, or the two
+    all-reduces of `odb_reduced_bytes`."""
+    from odb.runtime.transport import counts_mode
+
+    n = world_size
+    if counts_mode(n, header_len, window) == "gather":
+        per_rank = (header_len + 3 * window) * int_bytes
+        return model.allgather(n, per_rank), n * per_rank
+    red = odb_reduced_bytes(n, window, header_len, int_bytes)
+    return sum(model.allreduce(n, b) for b in red), sum(2 * (n - 1) / n * b for b in red)
 
 
 def protocol_cost(world_size: int, window: int, header_len: int, model: StepModel = H20_2B,
@@ -176,12 +192,10 @@ def protocol_cost(world_size: int, window: int, header_len: int, model: StepMode
 
     release: every rank sends [slots, groups, one size and one token sum per group] with up
     to `window` groups (its worst case: singletons), so N * (2 + 2 window) ints gathered.
-    odb: two ring all-reduces (`odb_reduced_bytes`), of which a rank receives 2 (N-1)/N each.
+    odb: its round collective in the runtime's mode (`odb_round_latency`).
     """
     n = world_size
     rel = (2 + 2 * window) * int_bytes
-    red = odb_reduced_bytes(n, window, header_len, int_bytes)
-    return {"world_size": n, "window": window,
-            "release_bytes": n * rel, "odb_bytes": sum(2 * (n - 1) / n * b for b in red),
-            "release_latency_s": model.allgather(n, rel),
-            "odb_latency_s": sum(model.allreduce(n, b) for b in red)}
+    lat, got = odb_round_latency(model, n, window, header_len, int_bytes)
+    return {"world_size": n, "window": window, "release_bytes": n * rel, "odb_bytes": got,
+            "release_latency_s": model.allgather(n, rel), "odb_latency_s": lat}

@@ -34,6 +34,8 @@ def test_simulate_counts_samples_fillers_and_stragglers():
     assert r["straggler_eff"] == pytest.approx((e1 + e2) / 2)
     with_rounds = cs.simulate(plan, 2, EXACT, num_rounds=3, header_bytes=100)
     assert with_rounds["seconds"] - r["seconds"] == pytest.approx(3 * EXACT.allgather(2, 100))
+    timed = cs.simulate(plan, 2, EXACT, num_rounds=3, header_bytes=100, round_s=0.25)
+    assert timed["seconds"] - r["seconds"] == pytest.approx(0.75)  # a given round cost replaces the gather
 
 
 def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
@@ -44,13 +46,16 @@ def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
         h = header_layout(default_policy().summary_len, w).length
         p = cs.protocol_cost(64, w, h)
         lad = {64: 12, 1024: 20}[w]  # len(intake_ladder(w)): 1, 2, 3, 4, 6, 8, 12, ... w
-        # the header the engine posts: st, round, n, epoch, 3 digest ints, summary, 4 deal ints, ladder;
-        # all-reduced in N slots with the 3W counts (sum), then W tokens (max): 2 (N-1)/N of each received
+        # the header the engine posts: st, round, n, epoch, 3 digest ints, summary, 4 deal ints, ladder
         assert h == 11 + default_policy().summary_len + lad
         assert p["release_bytes"] == 64 * (2 + 2 * w) * 8
-        assert p["odb_bytes"] == pytest.approx(2 * 63 / 64 * (64 * h + 4 * w) * 8)
-        assert p["odb_latency_s"] == pytest.approx(cs.H20_2B.allreduce(64, 8 * (64 * h + 3 * w))
-                                                   + cs.H20_2B.allreduce(64, 8 * w))
+        if w == 64:  # 64 x (h + 3W) ints fit 1 MiB: the runtime all-gathers header and counts
+            assert p["odb_bytes"] == 64 * (h + 3 * w) * 8
+            assert p["odb_latency_s"] == pytest.approx(cs.H20_2B.allgather(64, 8 * (h + 3 * w)))
+        else:  # past it: N slots with the 3W counts summed, then W tokens max; 2 (N-1)/N of each received
+            assert p["odb_bytes"] == pytest.approx(2 * 63 / 64 * (64 * h + 4 * w) * 8)
+            assert p["odb_latency_s"] == pytest.approx(cs.H20_2B.allreduce(64, 8 * (64 * h + 3 * w))
+                                                       + cs.H20_2B.allreduce(64, 8 * w))
     # the counts' share does not grow with N (the headers' does)
     def counts_share(n):
         return cs.protocol_cost(n, 1024, h)["odb_bytes"] - 2 * (n - 1) / n * n * h * 8

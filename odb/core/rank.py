@@ -12,11 +12,12 @@ Legend
                release (with their `StepInfo`), the end of this rank's batches (JOIN), errors
 
 A driver (the runtime's engine thread, `odb.core.sim`) repeats: in WAIT, run the round's collective
-on every rank's `odb.core.header.Post` and call `collect(gathered)`; otherwise call `step(status)`.  The core fires exactly one
-table row per call (`odb.protocol.machine.step`) and never calls back into its driver: the data
-source is an object it reads (``next``, ``pulled``, ``dry``, ``remaining``), the status a function
-it reads, and every effect is in the returned `Out`.  The round's replicated decision is
-`odb.core.replica.Replicated.decide`; the header layout `odb.core.header`.
+on every rank's `odb.core.header.Post` and call `collect(gathered)`; otherwise call `step(status)`.
+The core fires exactly one table row per call (`odb.protocol.machine.step`) and never calls back
+into its driver: the data source is an object it reads (``next``, ``pulled``, ``dry``,
+``remaining``), the status a function it reads, and every effect is in the returned `Out`.  The
+round's replicated decision is `odb.core.replica.Replicated.decide`; the header layout
+`odb.core.header`.
 
 Exact loss scaling: the batches of round r are held until the collective of round r + 1 (or the
 final stop) returns every rank's counts for them, then released with their global counts.
@@ -354,7 +355,8 @@ class RankCore:
             reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake)
         counts, self._counts = self._counts, [0] * (3 * self.W)
         self._posted += 1
-        return Post(header, counts), {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
+        trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
+        return Post(header, counts), trace
 
     def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict]:
         rows, rnd = self._rows, self._posted - 1

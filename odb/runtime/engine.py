@@ -7,9 +7,10 @@ Legend
     out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``
 
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
-collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.  Each call fires one table
-row; the engine does what the returned `odb.core.rank.Out` says: post the header and counts (SYNC), queue the
-released batches, write the trace line, hand errors over.  It decides nothing itself.
+collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.
+Each call fires one table row; the engine does what the returned `odb.core.rank.Out` says: post the
+header and counts (SYNC), queue the released batches, write the trace line, hand errors over.  It
+decides nothing itself.
 
 Stopping is driven by the table only: once ``quit > 0`` the core fetches nothing more and its next
 header posts it; every rank then leaves through ``return_abort`` in the same round.  A rank that did
