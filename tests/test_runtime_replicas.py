@@ -310,21 +310,16 @@ def _policy_bug(rank, world_size, trace_dir, method):
     return "ok", ""
 
 
-def test_an_intake_failure_while_a_rank_posts_takes_every_rank_out_through_the_abort_row(tmp_path):
-    # the second cause of the summarize-failure defect: the dealt intake bound is computed with the summary
-    trace_dir = str(tmp_path / "traces")
-    res = ok(run_ranks(_policy_bug, 2, tmp_path, args=(trace_dir, "groups"), timeout_s=60))
-    assert res[1][0] == "ProtocolError" and "injected groups bug" in res[1][1], res
-    assert res[0][0] == "RankFailure" and "rank 1 failed with a local error" in res[0][1], res
-    rows = assert_conformant(trace_dir, allow_abort=True)
-    assert rows["return_abort"] == 2
-
-
-def test_a_summarize_failure_on_one_rank_takes_every_rank_out_through_the_abort_row(tmp_path):
+@pytest.mark.parametrize("method, message", [
     # defect: the neutral summary failed the tag check: every rank raised "use the same alignment policy"
+    ("summarize", "failed to summarize"),
+    # its second cause: the dealt intake bound is computed with the summary
+    ("groups", "injected groups bug"),
+], ids=["summarize", "intake"])
+def test_a_policy_failure_on_one_rank_takes_every_rank_out_through_the_abort_row(tmp_path, method, message):
     trace_dir = str(tmp_path / "traces")
-    res = ok(run_ranks(_policy_bug, 2, tmp_path, args=(trace_dir, "summarize"), timeout_s=60))
-    assert res[1][0] == "ProtocolError" and "failed to summarize" in res[1][1], res
+    res = ok(run_ranks(_policy_bug, 2, tmp_path, args=(trace_dir, method), timeout_s=60))
+    assert res[1][0] == "ProtocolError" and message in res[1][1], res
     assert res[0][0] == "RankFailure" and "rank 1 failed with a local error" in res[0][1], res
     rows = assert_conformant(trace_dir, allow_abort=True)
     assert rows["return_abort"] == 2
