@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 from ..errors import ProtocolError
-from .expr import Expr, Param, Scope, evaluate
+from .expr import Expr, Hdr, Param, Scope, evaluate, leaves
 from .table import Aggregate, Choice, Row, Table
 
 __all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",
@@ -158,8 +158,39 @@ def _expand(table, row, local, inputs, cfg, todo, params) -> Iterator[Step]:
         yield from _expand(table, row, local, inputs, cfg, rest, {**params, c.name: v})
 
 
+_HDR_NAMES: dict[int, tuple[Expr, tuple[str, ...]]] = {}
+
+
+def _hdr_names(e: Expr) -> tuple[str, ...]:
+    """The header fields `e` reads (its `Hdr` leaves), in name order (cached per node, as `compiled`)."""
+    hit = _HDR_NAMES.get(id(e))
+    if hit is None or hit[0] is not e:
+        hit = _HDR_NAMES[id(e)] = (e, tuple(sorted({x.name for x in leaves(e) if isinstance(x, Hdr)})))
+    return hit[1]
+
+
 def aggregate(agg: Aggregate, headers: list[Mapping], cfg: Mapping) -> int:
-    vals = [evaluate(agg.of, Scope(hdr=h, cfg=cfg)) for h in headers]
+    """``agg.op`` over every header of ``agg.of``.  The expression reads a header only through its
+    `Hdr` leaves, so it is evaluated once per distinct header as those fields see it (a few among N
+    headers: N lookups instead of N interpretations); a header missing a field raises KeyError as
+    the interpreter would."""
+    return _aggregate(agg, _distinct(headers, _hdr_names(agg.of)), cfg)
+
+
+def _distinct(headers: list[Mapping], names: tuple[str, ...]) -> list[dict]:
+    """The distinct projections of `headers` on `names`, as headers."""
+    if not headers:
+        raise ValueError("an aggregate over no headers")
+    get = [h[k] for h in headers for k in names]  # KeyError on a missing field
+    w = len(names)
+    seen = {tuple(get[i:i + w]) for i in range(0, len(get), w)} if w else {()}
+    return [dict(zip(names, v)) for v in seen]
+
+
+def _aggregate(agg: Aggregate, distinct: list[dict], cfg: Mapping) -> int:
+    names = _hdr_names(agg.of)
+    own = {tuple(h[k] for k in names) for h in distinct}  # the fields this aggregate reads
+    vals = [evaluate(agg.of, Scope(hdr=dict(zip(names, v)), cfg=cfg)) for v in own]
     return max(vals) if agg.op == "max" else min(vals)
 
 
@@ -173,7 +204,9 @@ def collective_inputs(table: Table, headers: list[Mapping], proposal: int, cfg: 
     shapes = {h.get("shape") for h in headers}
     if len(shapes) > 1:
         raise ProtocolError(f"collective mismatch: posted header shapes differ across ranks: {sorted(shapes)}")
-    out = {a.name: aggregate(a, headers, cfg) for a in table.aggregates}
+    names = tuple(sorted({k for a in table.aggregates for k in _hdr_names(a.of)}))
+    distinct = _distinct(headers, names)  # one pass over the N headers for every aggregate
+    out = {a.name: _aggregate(a, distinct, cfg) for a in table.aggregates}
     out["proposal"] = int(proposal)
     out["ready"] = True
     return out
