@@ -186,3 +186,16 @@ def test_dealing_lifts_the_straggler_ceiling_of_imbalanced_shards():
     assert m_dealt["straggler_ceiling"] > m_fixed["straggler_ceiling"] + 0.3
     assert m_dealt["straggler_eff"] > m_fixed["straggler_eff"] + 0.3
     assert m_dealt["steps"] < m_fixed["steps"]
+
+
+@pytest.mark.parametrize("drops", [False, True])
+def test_replicas_sharing_each_deal_emit_what_replicas_dealing_alone_emit(drops):
+    # the simulation's shared deals (one computation per round for N replicas) are a cache, not a model:
+    # the same batches, rounds, reserve takes and counters as every replica running its own dealer
+    order = [None if drops and k % 5 == 0 else s for k, s in enumerate(sample_lengths("sharegpt4o", 600, seed=4))]
+    cost = make_cost_model("padded", 8192)
+    runs = [simulate([[] for _ in range(5)], cost, window=16, deal=order, share_deals=share) for share in (True, False)]
+    assert runs[0].batches == runs[1].batches and runs[0].rounds == runs[1].rounds
+    assert runs[0].reserve_taken == runs[1].reserve_taken and runs[0].targets == runs[1].targets
+    assert [s.dealt for s in runs[0].stats] == [s.dealt for s in runs[1].stats]
+    assert (sum(runs[0].reserve_taken) > 0) == drops  # the reserve path is exercised where drops make it

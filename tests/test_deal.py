@@ -189,3 +189,29 @@ def test_a_policy_without_groups_posts_the_whole_window():
     w = [(10,)] * 5
     got = policy_intake(NoGroups(), w, make_cost_model("packed", 100), 8)
     assert got == [5] * len(intake_ladder(8)) and intake_bound(8, 5, got, 1) == 8  # the old lead: W
+
+
+def test_replicas_sharing_deals_reuse_one_only_in_the_same_state_with_the_same_inputs():
+    from odb.batching.deal import DealtOrder
+
+    keys = tuple((p, p) for p in range(40))
+    shared: dict = {}
+    a, b = (DealtOrder(keys, 2, r, 4, shared_deals=shared) for r in (0, 1))
+    alone = [DealtOrder(keys, 2, r, 4) for r in (0, 1)]
+    for o in (a, b, *alone):
+        o.first()
+    a.deal([4, 4], [4 * COST_SCALE, 4 * COST_SCALE], [0, 0], [0, 0])
+    alone[0].deal([4, 4], [4 * COST_SCALE, 4 * COST_SCALE], [0, 0], [0, 0])
+    # other inputs (rank 1 reports fewer taken): b deals for itself, not a's cached deal
+    b.deal([4, 2], [4 * COST_SCALE, 2 * COST_SCALE], [0, 0], [0, 0])
+    alone[1].deal([4, 2], [4 * COST_SCALE, 2 * COST_SCALE], [0, 0], [0, 0])
+    assert a.keys == alone[0].keys and b.keys == alone[1].keys
+    assert a.dealer.state_dict() == alone[0].dealer.state_dict() != b.dealer.state_dict()
+    # the same inputs from another state (b is behind a by one deal's cursor): b still deals for itself
+    args = ([6, 6], [6 * COST_SCALE, 6 * COST_SCALE], [0, 0], [0, 0])
+    a.deal(*args)
+    alone[0].deal(*args)
+    b.deal(*args)
+    alone[1].deal(*args)
+    assert a.keys == alone[0].keys and b.keys == alone[1].keys
+    assert b.dealer.state_dict() == alone[1].dealer.state_dict()

@@ -32,6 +32,8 @@ and `DealtOrder` are pure (no torch); the runtime and `odb.core.sim` drive the s
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from .base import CostModel, Sizes
@@ -54,6 +56,7 @@ def sample_cost(cost: CostModel) -> Callable[[Sizes], int]:
     return lambda s: round(cost.utilisation([s]) * COST_SCALE)
 
 
+@lru_cache(maxsize=64)
 def intake_ladder(window: int) -> tuple[int, ...]:
     """The targets T at which a rank posts ``U(T)`` (module docstring): 1, 2, 3, 4, 6, 8, 12, ...
     (each at most 1.5x the one before), ending with ``window``, the largest target the table allows."""
@@ -94,7 +97,7 @@ def intake_bound(window: int, n: int, ladder: Sequence[int], target: int) -> int
     `target` and its policy emits whole groups of `grouping.pack`: ``W - n + U(T)`` with T
     rounded up the ladder.  Prefetch comes on top."""
     lad = intake_ladder(window)
-    j = next((i for i, t in enumerate(lad) if t >= target), len(lad) - 1)
+    j = min(bisect_left(lad, target), len(lad) - 1)  # T rounded up the (increasing) ladder
     return max(0, int(window) - int(n)) + int(ladder[j])
 
 
@@ -165,8 +168,12 @@ class Dealer:
     def start(self) -> list[list[int]]:
         """The first deal, before any cost is known: ``lead`` each, round robin (fewer if short):
         position p goes to rank ``p mod N`` while ``p < min(total, N * lead)``."""
+        return [list(p) for p in self.start_parts()]
+
+    def start_parts(self) -> list[range]:
+        """`start`, each rank's part as a range (a replica reads only its own: N ranges, not N * lead ints)."""
         limit = min(self.total, self.world * self.lead)  # no reserve is taken before the first deal
-        out = [list(range(r, limit, self.world)) for r in range(self.world)]
+        out = [range(r, limit, self.world) for r in range(self.world)]
         for r in range(self.world):
             self.dealt[r] += len(out[r])
         self.cursor = limit
@@ -178,6 +185,11 @@ class Dealer:
         ``dry`` flags (a rank whose source ended early gets nothing more, ever), ``reserve``
         counts (cumulative) and ``need`` (per rank, the most it takes before the next deal,
         ``need_r``; None: ``lead`` for every rank; module docstring)."""
+        return [list(p) for p in self.deal_parts(taken, cost, dry, reserve, need)]
+
+    def deal_parts(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int] | None = None,
+                   reserve: Sequence[int] | None = None, need: Sequence[int] | None = None) -> list[range | list[int]]:
+        """`deal`, a contiguous part as a range (a replica reads only its own part)."""
         dry = [0] * self.world if dry is None else list(dry)
         reserve = self.reserve if reserve is None else list(reserve)
         need = [self.lead] * self.world if need is None else [int(v) for v in need]
@@ -197,7 +209,7 @@ class Dealer:
         self.reserve = [int(v) for v in reserve]
         self._skip()
         self.rounds += 1
-        out: list[list[int]] = [[] for _ in range(self.world)]
+        out: list = [[] for _ in range(self.world)]
         left = self.left
         live = [r for r in range(self.world) if not self.closed[r]]
         if left == 0 or not live:
@@ -205,24 +217,33 @@ class Dealer:
         pend = [self.dealt[r] - taken[r] for r in range(self.world)]
         top = {r: max(0, need[r] - pend[r]) for r in live}
         if left > sum(top.values()):
+            free_below = self._first_reserved()
             for r in live:
-                out[r] = self._give_many(r, top[r])
+                out[r] = self._give_many(r, top[r], free_below)
             return out
         n_taken = sum(taken)
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
         heap = [(cost[r] + pend[r] * mu, r) for r in live]
         heapq.heapify(heap)
+        replace, give = heapq.heapreplace, self._give
         for _ in range(left):  # each give takes one position neither dealt nor reserved
-            est, r = heapq.heappop(heap)
-            out[r].append(self._give(r))
-            heapq.heappush(heap, (est + mu, r))
+            est, r = heap[0]
+            out[r].append(give(r))
+            replace(heap, (est + mu, r))  # pop the cheapest, push it back one sample costlier
         return out
 
-    def _give_many(self, r: int, k: int) -> list[int]:
-        if not any(self.reserve):  # nothing taken from the end yet: the next k positions in one piece
-            out = list(range(self.cursor, self.cursor + k))
+    def _first_reserved(self) -> int:
+        """The lowest position some rank took from its reserve (``total`` if none): every position
+        below it that is at or past the cursor is free."""
+        w, t = self.world, self.total
+        return min((t - 1 - (w * (s - 1) + r) for r, s in enumerate(self.reserve) if s), default=t)
+
+    def _give_many(self, r: int, k: int, free_below: int) -> range | list[int]:
+        if self.cursor + k <= free_below:  # no reserve take in the way: the next k positions in one piece
+            out = range(self.cursor, self.cursor + k)
             self.cursor += k
             self.dealt[r] += k
+            self._skip()
             return out
         return [self._give(r) for _ in range(k)]
 
@@ -248,6 +269,10 @@ class Dealer:
         self.closed = [bool(v) for v in state["closed"]]
 
 
+def _frozen(state: dict) -> tuple:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(state.items()))
+
+
 class DealtOrder:
     """One epoch of dealt sharding on one rank: the epoch's global order of keys still to emit
     (identical on every rank), this rank's replica of the `Dealer`, and the keys dealt to this
@@ -261,9 +286,13 @@ class DealtOrder:
     it nothing more (module docstring).  Pure: no torch, no threads.
     """
 
-    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None):
+    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None,
+                 shared_deals: dict | None = None):
         # a tuple is kept as it is: immutable, so many ranks in one process (a simulation) can share one
         self.order, self.rank, self.stats = (keys if isinstance(keys, tuple) else list(keys)), rank, stats
+        # many replicas in one process (`odb.core.sim`): the last deal, keyed by the dealer's whole state and
+        # the deal's inputs, so N replicas in the same state compute it once (a deal is a pure function of both)
+        self._shared = shared_deals
         self.dealer = Dealer(len(self.order), world_size, lead)
         self.keys: list[tuple[int, Any]] = []  # this rank's keys, as its source reads them
         self.reserve_taken = 0                 # reserve positions this rank took itself (in its headers)
@@ -276,14 +305,27 @@ class DealtOrder:
 
     def first(self) -> list[tuple[int, Any]]:
         """The first deal (before any cost is known): this rank's keys."""
-        return self._mine(self.dealer.start())
+        return self._mine(self._apply(self.dealer.start_parts, ()))
 
     def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
              reserve: Sequence[int], need: Sequence[int] | None = None) -> list[tuple[int, Any]]:
         """One round's deal from the gathered numbers (`Dealer.deal`): this rank's new keys."""
-        return self._mine(self.dealer.deal(taken, cost, dry, reserve, need))
+        return self._mine(self._apply(self.dealer.deal_parts, (taken, cost, dry, reserve, need)))
 
-    def _mine(self, parts: list[list[int]]) -> list[tuple[int, Any]]:
+    def _apply(self, fn: Callable, args: tuple) -> list:
+        if self._shared is None:
+            return fn(*args)
+        key = (fn.__name__, _frozen(self.dealer.state_dict()),
+               tuple(None if a is None else tuple(int(v) for v in a) for a in args))
+        hit = self._shared.get("deal")
+        if hit is not None and hit[0] == key:
+            self.dealer.load_state_dict(hit[1])
+            return hit[2]
+        parts = fn(*args)
+        self._shared["deal"] = (key, self.dealer.state_dict(), parts)
+        return parts
+
+    def _mine(self, parts: Sequence[Sequence[int]]) -> list[tuple[int, Any]]:
         mine = [self.order[p] for p in parts[self.rank]]
         self.keys.extend(mine)
         if self.stats is not None:

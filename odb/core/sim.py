@@ -136,7 +136,8 @@ class _Setting:
     """What every simulated rank shares: the compared settings, the header layout, the prefetches
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
-    def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str):
+    def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str,
+                 share_deals: bool = True):
         self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
         self.aheads = tuple(aheads) if aheads is not None else (0,) * n
         pol = policy()
@@ -146,11 +147,14 @@ class _Setting:
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
                              loss_basis=loss_basis, shift_labels=False, order="sim")
         self.keys = None if deal is None else tuple((p, p) for p in range(len(deal)))
+        # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
+        self.deals: dict | None = {} if share_deals else None
 
     def core(self, r: int, shard: Sequence, oversize: str) -> tuple[RankCore, _Timed, DealtOrder | None]:
         pol, order = _Timed(self._spare.pop() if self._spare else self.policy()), None
         if self.deal is not None:
-            order = DealtOrder(self.keys, self.n, r, first_lead(self.layout.window, self.aheads))
+            order = DealtOrder(self.keys, self.n, r, first_lead(self.layout.window, self.aheads),
+                               shared_deals=self.deals)
             order.first()
             src = _DealtSource(order, self.deal)
         else:
@@ -165,7 +169,8 @@ class _Setting:
 def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: str = "pad",
              policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-             loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None) -> SimResult:
+             loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
+             share_deals: bool = True) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
@@ -173,13 +178,17 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     ``aheads`` is each rank's prefetch as the runtime gathers it (default 0: no DataLoader workers).
     ``on_round(k, posts)``, if given, sees round k's posts (`odb.core.header.Post`, rank order) before
     they are collected; a true return ends the simulation there (the result holds what was released).
+    ``share_deals``: the dealt replicas, all in one state and fed the same gathered numbers, compute
+    each deal once and each applies it (`DealtOrder`: keyed by the whole dealer state and the inputs,
+    so a replica in another state computes its own); False: every replica deals alone (N times the
+    dealer's work, the same batches).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
     n = len(shards)
     if deal is not None and any(len(s) for s in shards):
         raise ValueError("with deal=..., pass N empty shards")
-    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis)
+    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals)
     cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize) for r in range(n))))
     layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
