@@ -77,9 +77,9 @@ def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], l
     that bucket (the quorum; module docstring).  Level by level, costliest first, so a smaller
     `target` gives a prefix of the same slots.  Pure; the levels do not depend on rank order."""
     levels: list[int] = []
-    own: list[list[bool]] = [[] for _ in over]
     if not any(any(h) for h in over):
-        return levels, own
+        return levels, [[]] * len(over)  # read only: one empty list serves every rank
+    own: list[list[bool]] = [[] for _ in over]
     k = (len(over) + 1) // 2
     held = [list(h) for h in over]
     for lv in range(OVER):
@@ -110,6 +110,13 @@ def _profile(live: Sequence[Sequence[int]], slots: tuple[list[int], list[list[bo
              target: int) -> list[int]:
     """`BalancedPolicy.profile` of the ranks with data, given their `over_slots` (any target >= this one)."""
     levels = slots[0][:target]
+    if not levels:  # nobody lends: the bucket minima of the summaries as they are
+        out: list[int] = []
+        for b, m in enumerate((min(col) for col in list(zip(*live))[_HEAD + OVER:]), start=OVER):
+            if len(out) >= target:
+                break
+            out += [b] * m
+        return out[:target]
     rows = []
     for s, o in zip(live, slots[1]):
         h = s[_HEAD + OVER:]
@@ -244,7 +251,10 @@ class BalancedPolicy:
         if any(s[2] for s in live):
             # epoch end: exhausted ranks flush every group, the profile no longer binds
             return max(1, min((s[4] if s[2] else s[3]) for s in live))
-        t = max(1, min(_fillable(s[3] - sum(s[_HEAD:_HEAD + OVER]), o) for s, o in zip(live, slots[1])))
+        if slots[0]:
+            t = max(1, min(_fillable(s[3] - sum(s[_HEAD:_HEAD + OVER]), o) for s, o in zip(live, slots[1])))
+        else:  # no over-budget slot: `_fillable` of a rank is its closed groups within budget
+            t = max(1, min(s[3] - sum(s[_HEAD:_HEAD + OVER]) for s in live))
         if window >= _RESERVOIR_W and t >= _RESERVOIR_NEED:
             qt = min(len(slots[0]), t)  # the reservoir halves the ordinary slots only (module docstring)
             t = qt + (t - qt + 1) // 2
