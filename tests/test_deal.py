@@ -215,3 +215,22 @@ def test_replicas_sharing_deals_reuse_one_only_in_the_same_state_with_the_same_i
     alone[1].deal(*args)
     assert a.keys == alone[0].keys and b.keys == alone[1].keys
     assert b.dealer.state_dict() == alone[1].dealer.state_dict()
+
+
+def test_an_epochs_keys_are_held_as_two_int_arrays_and_read_as_the_pairs():
+    import gc
+
+    from odb.batching.deal import Keys
+
+    order = [7, 3, 9, 1, 4]
+    k = Keys.of(order, skip={1, 3})
+    assert list(k) == [(0, 7), (2, 9), (4, 4)] and len(k) == 3 and k[1] == (2, 9) and list(k[1:]) == [(2, 9), (4, 4)]
+    assert list(Keys.of(order)) == list(enumerate(order))
+    big = list(range(200_000))
+    gc.collect()
+    before = len(gc.get_objects())
+    kept = Keys.of(big, skip={5})
+    assert len(gc.get_objects()) - before < 50 and kept[5] == (6, 6)  # no object per key for the collector to walk
+    assert Keys.of(["a", "b"]) == [(0, "a"), (1, "b")]  # indices that are not ints are kept as they came
+    with pytest.raises(ValueError):
+        Keys([0, 1], [5])

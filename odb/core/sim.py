@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..batching.base import AlignmentPolicy, CostModel, call_partition
-from ..batching.deal import DealtOrder, first_lead, intake_ladder
+from ..batching.deal import DealtOrder, Keys, first_lead, intake_ladder
 from ..batching.policy import default_policy
 from ..errors import ProtocolError
 from ..protocol.table import MODES
@@ -146,7 +146,7 @@ class _Setting:
         self.shared = Shared(protocol="sim", window=window, mode=mode, sharding="fixed" if deal is None else "dealt",
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
                              loss_basis=loss_basis, shift_labels=False, order="sim")
-        self.keys = None if deal is None else tuple((p, p) for p in range(len(deal)))
+        self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Callable
 
-from ..batching.deal import DealtOrder, first_lead
+from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, STEP_INFO_KEY
 from ..core.rank import Batch, RankCore
 from ..core.replica import Replicated
@@ -198,7 +198,7 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
     s, done, deal = loader.settings, loader.ledger.done, None
     if loader.sharding == "dealt":
         every = {p for rgs in loader._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
-        deal = DealtOrder([(p, i) for p, i in enumerate(order) if p not in every], loader.world_size, loader.rank,
+        deal = DealtOrder(Keys.of(order, every), loader.world_size, loader.rank,
                           lead=first_lead(s.buffer_size, loader._aheads), stats=loader.stats)
         deal.first()
         loader._source.start(None, frozenset(), deal=deal)
