@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -42,8 +43,23 @@ __all__ = ["record", "replay", "decision_at_scale", "TARGETS"]
 TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0}
 
 
+class _Lengths(Sequence):
+    """The epoch's sizes as one int array, read as ``(tokens,)`` tuples: a rank's process holds its dataset's
+    lengths as data, not as millions of tuples that every full collection walks (which would put the
+    benchmark's own list into the rank's pauses)."""
+
+    def __init__(self, sizes: list):
+        self._a = np.fromiter((s[0] for s in sizes), dtype=np.int64, count=len(sizes))
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __getitem__(self, i):
+        return (int(self._a[i]),)
+
+
 def _setting(a: dict):
-    sizes = sample_lengths(a["dist"], a["world"] * a["per_rank"], a["seed"])
+    sizes = _Lengths(sample_lengths(a["dist"], a["world"] * a["per_rank"], a["seed"]))
     return sizes, make_cost_model(a["kind"], a["budget"])
 
 
