@@ -12,7 +12,8 @@ Step-time model (per step, seconds)::
     step      = max_r compute_r + max(0, t_allreduce(N) - OVERLAP * (2/3) * max_r compute_r)
 
 with padded_tokens_r = len(batch) * max(L) (pad collate), Lpad_i = max(L) for
-every row, and the gradient all-reduce a ring over the slowest link:
+every row; a packed (varlen) collate runs sum L tokens and sum L_i^2 (no padding);
+and the gradient all-reduce a ring over the slowest link:
 ``t_allreduce = 2 (N-1)/N * GRAD_BYTES / BW + 2 (N-1) * ALPHA``.
 
 Constants and where they come from (all stated, none fitted to the paper):
@@ -81,13 +82,20 @@ class StepModel:
     overlap: float = 0.8
     gpus_per_node: int = 8
 
-    def compute(self, batch: Sequence[int]) -> float:
-        """Seconds of one rank's forward+backward+optimizer for a padded batch."""
+    def compute(self, batch: Sequence[int], collate: str = "pad") -> float:
+        """Seconds of one rank's forward+backward+optimizer for a batch of these lengths: padded to its
+        longest (``collate="pad"``), or packed into one varlen row (``"packed"``: tokens = sum L, attention
+        sum L^2, no padding)."""
         if not batch:
             return 0.0
-        lmax = max(batch)
-        tokens = len(batch) * lmax
-        flops = self.flop_per_token * tokens + self.flop_per_l2 * len(batch) * lmax * lmax
+        if collate == "pad":
+            lmax = max(batch)
+            tokens, l2 = len(batch) * lmax, len(batch) * lmax * lmax
+        elif collate == "packed":
+            tokens, l2 = sum(batch), sum(x * x for x in batch)
+        else:
+            raise ValueError(f"collate must be 'pad' or 'packed', got {collate!r}")
+        flops = self.flop_per_token * tokens + self.flop_per_l2 * l2
         eff = self.mfu * tokens / (tokens + self.knee_tokens)
         return self.c_fixed + flops / (eff * self.peak)
 
@@ -106,8 +114,12 @@ class StepModel:
         bw, alpha = (self.bw_intra, self.alpha_intra) if n <= self.gpus_per_node else (self.bw_inter, self.alpha_inter)
         return (n - 1) * (alpha + bytes_per_rank / bw)
 
-    def step(self, per_rank: Sequence[Sequence[int]], world_size: int) -> float:
-        slowest = max(self.compute(b) for b in per_rank)
+    def step(self, per_rank: Sequence[Sequence[int]], world_size: int, collate: str = "pad") -> float:
+        return self.step_of([self.compute(b, collate) for b in per_rank], world_size)
+
+    def step_of(self, computes: Sequence[float], world_size: int) -> float:
+        """A step's seconds from every rank's `compute`: the slowest, plus the exposed gradient all-reduce."""
+        slowest = max(computes)
         exposed = max(0.0, self.allreduce(world_size) - self.overlap * (2 / 3) * slowest)
         return slowest + exposed
 
@@ -122,33 +134,56 @@ def _rank_batch(x) -> list[int]:
 
 
 def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds: int = 0,
-             header_bytes: int = 0, round_s: float | None = None) -> dict:
+             header_bytes: int = 0, round_s: float | None = None, collate: str = "pad", accum: int = 1) -> dict:
     """Predicted wall time and efficiency of a plan.
 
     :param num_rounds, header_bytes, round_s: ODB's protocol rounds, and what one costs: `round_s`
         seconds if given (`odb_round_latency`), else one all-gather of `header_bytes` per rank.
-    Returns seconds, real samples, samples/s, straggler efficiency (mean over
-    steps of mean rank compute / max rank compute) and padding fraction.
+    :param collate: how a batch runs (`StepModel.compute`): "pad" or "packed".
+    :param accum: micro-batches per optimizer step (DDP ``no_sync`` / gradient accumulation, the same
+        count on every rank): ranks wait for each other, and all-reduce, once per `accum` plan steps, so
+        a step lasts as long as the rank with the largest *sum* over its micro-batches; the overlap
+        is with the last micro-batch's backward.  1: every plan step is an optimizer step.
+    Returns seconds, real samples, samples/s, straggler efficiency (mean over optimizer steps of
+    mean rank compute / max rank compute), padding fraction (0 when packed), and
+    ``balanced_seconds``: the same batches with every optimizer step as long as its mean rank (what
+    perfect balance of this plan's steps would give; rounds included).
     """
-    t = 0.0
+    if accum < 1:
+        raise ValueError(f"accum must be >= 1, got {accum}")
+    t = bal = 0.0
     samples = real = padded = 0
     eff = []
-    for step in plan:
-        batches = [_rank_batch(x) for x in step]
-        t += model.step(batches, world_size)
-        comp = [model.compute(b) for b in batches]
-        eff.append(float(np.mean(comp) / max(comp)) if max(comp) > 0 else 1.0)
-        for x in step:
-            if isinstance(x, tuple):
-                padded += int(x[1])
-                continue
-            samples += len(x)
-            real += sum(x)
-            padded += len(x) * max(x) if x else 0
-    t += num_rounds * (model.allgather(world_size, header_bytes) if round_s is None else round_s)
+    memo: dict = {}  # many batches repeat (fillers, singletons): the model's arithmetic once per distinct batch
+    for k in range(0, len(plan), accum):
+        sums = [0.0] * len(plan[k])
+        for step in plan[k:k + accum]:
+            last = []
+            for r, x in enumerate(step):
+                b = tuple(_rank_batch(x))
+                c = memo.get(b)
+                if c is None:
+                    c = memo[b] = model.compute(b, collate)
+                sums[r] += c
+                last.append(c)
+            for x in step:
+                if isinstance(x, tuple):
+                    padded += int(x[1])
+                    continue
+                samples += len(x)
+                real += sum(x)
+                padded += (len(x) * max(x) if collate == "pad" else sum(x)) if x else 0
+        slowest, hide = max(sums), model.overlap * (2 / 3) * max(last)
+        ar = model.allreduce(world_size)
+        t += slowest + max(0.0, ar - hide)
+        mean = sum(sums) / len(sums)
+        bal += mean + max(0.0, ar - hide)
+        eff.append(mean / slowest if slowest > 0 else 1.0)
+    rounds = num_rounds * (model.allgather(world_size, header_bytes) if round_s is None else round_s)
+    t, bal = t + rounds, bal + rounds
     return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
             "straggler_eff": float(np.mean(eff)) if eff else 1.0, "pad_frac": 1 - real / padded if padded else 0.0,
-            "steps": len(plan)}
+            "steps": len(plan), "balanced_seconds": bal}
 
 
 def standard_plan(lengths: Sequence[int], world_size: int, batch_size: int = 1, seed: int = 0) -> Plan:

@@ -22,6 +22,17 @@ def test_step_model_arithmetic_on_a_tiny_case():
     assert EXACT.step([[2, 3], [1]], 2) == pytest.approx(EXACT.compute([2, 3]) + EXACT.allreduce(2))
 
 
+def test_a_packed_batch_runs_its_tokens_and_their_squares_without_padding():
+    # packed [2, 3]: 5 tokens, attention 4 + 9 = 13 (padded: 6 and 18, above)
+    assert EXACT.compute([2, 3], "packed") == pytest.approx(1.0 + (10 * 5 + 13) / 50)
+    assert EXACT.compute([3, 3], "packed") == EXACT.compute([3, 3])  # equal lengths: nothing to pad
+    with pytest.raises(ValueError):
+        EXACT.compute([1], "ragged")
+    plan = [[[2, 3], [1]]]
+    assert cs.simulate(plan, 2, EXACT, collate="packed")["pad_frac"] == 0.0
+    assert cs.simulate(plan, 2, EXACT, collate="packed")["seconds"] < cs.simulate(plan, 2, EXACT)["seconds"]
+
+
 def test_simulate_counts_samples_fillers_and_stragglers():
     plan = [[[2, 3], [1]], [[4], ("filler", 2)]]
     r = cs.simulate(plan, 2, EXACT)
@@ -36,6 +47,17 @@ def test_simulate_counts_samples_fillers_and_stragglers():
     assert with_rounds["seconds"] - r["seconds"] == pytest.approx(3 * EXACT.allgather(2, 100))
     timed = cs.simulate(plan, 2, EXACT, num_rounds=3, header_bytes=100, round_s=0.25)
     assert timed["seconds"] - r["seconds"] == pytest.approx(0.75)  # a given round cost replaces the gather
+    # balanced: every step as long as its mean rank
+    mean1 = (EXACT.compute([2, 3]) + EXACT.compute([1])) / 2
+    mean2 = (EXACT.compute([4]) + EXACT.compute([2])) / 2
+    assert r["balanced_seconds"] == pytest.approx(mean1 + mean2 + 2 * EXACT.allreduce(2))
+    # two micro-batches per optimizer step: one wait for the larger per-rank sum, one all-reduce
+    acc = cs.simulate(plan, 2, EXACT, accum=2)
+    s0, s1 = EXACT.compute([2, 3]) + EXACT.compute([4]), EXACT.compute([1]) + EXACT.compute([2])
+    assert acc["seconds"] == pytest.approx(max(s0, s1) + EXACT.allreduce(2))
+    assert acc["straggler_eff"] == pytest.approx((s0 + s1) / 2 / max(s0, s1))
+    with pytest.raises(ValueError):
+        cs.simulate(plan, 2, EXACT, accum=0)
 
 
 def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
@@ -161,3 +183,27 @@ def test_cluster_seeds_average_and_equal_mean_control_keeps_the_cv():
     ctl = cr.run_one("ultrachat", 2, 16, 16, 12288, seed=0, mean=500.0)
     assert ctl["cv"] == pytest.approx(one[0]["cv"], abs=0.01)  # rescaling keeps the CV (rounding aside)
     assert ctl["standard"]["samples"] == one[0]["standard"]["samples"] == 32
+
+
+def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_name_the_ceiling():
+    from paper_repro import scale_grid as sg
+
+    r = sg.run_point("sharegpt4o", 4, 16, 4096, "packed", 64)
+    assert set(r["methods"]) == set(sg.METHODS) and r["samples"] == 256
+    gmt, odb = r["methods"]["gmt"], r["methods"]["odb_dealt"]
+    assert gmt["throughput_vs_gmt"] == 1.0 and gmt["steps_vs_gmt"] == 1.0
+    assert odb["rounds"] > 0 and odb["predicted"]["samples_per_s"] > 0
+    assert gmt["accum_throughput_vs_gmt"] == 1.0 and odb["predicted_accum"]["samples_per_s"] > 0
+    for m in r["methods"].values():  # balancing a schedule's steps can only make it faster
+        assert m["predicted"]["balanced_samples_per_s"] >= m["predicted"]["samples_per_s"] * (1 - 1e-9)
+        assert m["straggler_eff"] <= m["straggler_ceiling"] + 1e-9
+    res = {"rows": [r], "targets": {**sg.TARGETS, "min_world": 2, "min_window": 16}}
+    met = sg.target_lines({**res, "targets": {**res["targets"], "straggler_eff": 0.0, "steps_vs_gmt": 99.0,
+                                              "throughput_vs_gmt": 0.0}})
+    assert all(line.split(": ", 1)[1].startswith("MET") for line in met[:3])
+    missed = sg.target_lines({**res, "targets": {**res["targets"], "straggler_eff": 1.01, "steps_vs_gmt": 0.5,
+                                                 "throughput_vs_gmt": 2.0}})
+    assert "MISSED at 1/1" in missed[0] and "straggler ceiling" in missed[0]
+    assert "MISSED at 1/1" in missed[1] and "lower bound" in missed[1]
+    assert "MISSED at 1/1" in missed[2] and "mean rank" in missed[2]
+    assert sg.target_lines({"rows": [r], "targets": sg.TARGETS}) == ["- no point at N >= 64 and W >= 256 in this grid"]
