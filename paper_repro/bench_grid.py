@@ -19,7 +19,7 @@ from odb.core.sim import simulate
 from .bench_metrics import metrics
 from .distributions import DISTRIBUTIONS, sample_lengths
 
-__all__ = ["grid", "run_config", "release_points", "measure_release_package", "decision_microbench", "Method",
+__all__ = ["grid", "run_config", "point", "Point", "schedules", "OFFLINE", "SIMULATED", "release_points", "measure_release_package", "decision_microbench", "Method",
            "METHODS"]
 
 
@@ -55,52 +55,96 @@ def _sim_rows(sim, starts):
     return [[None if b is None else [starts[r] + i for i in b] for b in row] for r, row in enumerate(sim.batches)]
 
 
+class Point(NamedTuple):
+    """One grid point's data: the lengths, the cost model and the fixed shards' layout."""
+
+    sizes: list            # the epoch's samples in dataset order (already shuffled)
+    cost: object
+    shards: list           # fixed strided shards (DistributedSampler-style), as sizes
+    order_sizes: list      # the shards concatenated: what fixed-shard simulations' positions index
+    starts: list           # each shard's first index in `order_sizes`
+
+
+def point(dist: str, world: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> Point:
+    sizes = sample_lengths(dist, world * per_rank, seed)
+    shards_idx = [list(range(r, len(sizes), world)) for r in range(world)]
+    starts = [sum(len(s) for s in shards_idx[:r]) for r in range(world)]
+    return Point(sizes, make_cost_model(kind, budget), [[sizes[i] for i in sh] for sh in shards_idx],
+                 [sizes[i] for sh in shards_idx for i in sh], starts)
+
+
+# what `schedules` can run, beside the peers (`PEERS`): the offline oracles, Standard, and the simulated ones
+OFFLINE = ("gmt", "bmt", "standard_bs1", "standard_eq")
+SIMULATED = ("odb", "odb_dealt", "release_reimpl")
+
+
+def schedules(pt: Point, world: int, window: int, methods: Sequence[str]) -> dict:
+    """``{method: (rows, row_sizes, extra)}`` for each of `methods` on one point: its exact schedule
+    (``rows[rank][step]``, indices into ``row_sizes``, None for a filler), checked to hold every sample
+    exactly once (Standard at batch 1 is not materialized: ``rows`` is None, ``extra`` its steps), and
+    ``extra``: planning or simulation figures (``plan_s``; the simulated ones' rounds and decision time).
+    ``standard_eq`` is Standard at the memory-equivalent batch size (``extra["batch_size"]``)."""
+    sizes, cost = pt.sizes, pt.cost
+    peers = {p.key: p for p in PEERS}
+    out = {}
+    for name in methods:
+        t0 = time.perf_counter()
+        extra: dict = {}
+        if name == "gmt":
+            rows, row_sizes = global_max_tokens(sizes, cost, world), sizes
+        elif name == "bmt":
+            rows, row_sizes = bucketed_max_tokens(sizes, cost, world), sizes
+        elif name == "standard_bs1":
+            out[name] = (None, sizes, {"steps": len(standard(len(sizes), world, 1)[0])})
+            continue
+        elif name == "standard_eq":
+            b_eq = memory_equivalent_batch_size(sizes, cost)
+            rows, row_sizes, extra = standard(len(sizes), world, b_eq), sizes, {"batch_size": b_eq}
+        elif name in peers:  # the peers, on the same lengths in dataset order (the ones that shard use strided shards)
+            rows, row_sizes = peers[name].fn(sizes, cost, world), sizes
+        elif name in SIMULATED:
+            factory = ReleasePolicy if name == "release_reimpl" else default_policy
+            if name == "odb_dealt":  # positions of the one global order `sizes`, dealt to the ranks as they consume them
+                sim = simulate([[] for _ in range(world)], cost, window=window, mode="pad", policy=factory, deal=sizes)
+                rows, row_sizes = sim.batches, sizes
+            else:
+                sim = simulate(pt.shards, cost, window=window, mode="pad", policy=factory)
+                rows, row_sizes = _sim_rows(sim, pt.starts), pt.order_sizes
+            extra = {"rounds": sim.rounds, "decision_ms": 1e3 * sum(sim.decision_s) / len(sim.decision_s),
+                     "decision_ms_max": 1e3 * max(sim.decision_s)}
+        else:
+            raise ValueError(f"unknown method {name!r}")
+        if name not in ("gmt", "bmt"):
+            _exactly_once(rows, len(sizes), f"{name} N={world} W={window}")
+        if name in peers or name in SIMULATED:
+            extra["plan_s" if name in peers else "sim_s"] = time.perf_counter() - t0
+        out[name] = (rows, row_sizes, extra)
+    return out
+
+
 def run_config(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> dict:
     """Every method on one grid point; returns the figures as a dict."""
-    sizes = sample_lengths(dist, world * per_rank, seed)
-    cost = make_cost_model(kind, budget)
-    # DistributedSampler-style strided shards of the (already shuffled) data
-    shards_idx = [list(range(r, len(sizes), world)) for r in range(world)]
-    flat = [i for sh in shards_idx for i in sh]
-    starts = [sum(len(s) for s in shards_idx[:r]) for r in range(world)]
-    order_sizes = [sizes[i] for i in flat]
-    shards = [[sizes[i] for i in sh] for sh in shards_idx]
+    pt = point(dist, world, budget, kind, per_rank, seed)
+    sizes, cost = pt.sizes, pt.cost
     lb = step_lower_bound(sizes, cost, world)
-    shard_lb = max(batch_lower_bound(sh, cost) for sh in shards)  # fixed shards: the fullest one's batches
-    tokens = [sum(s[0] for s in sh) for sh in shards]
+    shard_lb = max(batch_lower_bound(sh, cost) for sh in pt.shards)  # fixed shards: the fullest one's batches
+    tokens = [sum(s[0] for s in sh) for sh in pt.shards]
     out = {"dist": dist, "world": world, "window": window, "budget": budget, "cost": kind,
            "samples": len(sizes), "lower_bound": lb, "shard_lower_bound": shard_lb,
            # policy-free ceilings of the shards: straggler efficiency (exact for a packed cost:
            # mean/max of the ranks' tokens) and packed budget use (total / (N * B * shard_lb))
            "shard_token_ceiling": (sum(tokens) / world) / max(tokens),
            "packed_use_ceiling": sum(tokens) / (world * budget * shard_lb), "methods": {}}
-    gmt = global_max_tokens(sizes, cost, world)
-    for name, rows, sz in [("gmt", gmt, sizes), ("bmt", bucketed_max_tokens(sizes, cost, world), sizes)]:
-        out["methods"][name] = metrics(rows, sz, cost)
-    for p in PEERS:  # the peers, on the same lengths in dataset order (the ones that shard use strided shards)
-        t0 = time.perf_counter()
-        rows = p.fn(sizes, cost, world)
-        _exactly_once(rows, len(sizes), f"{p.key} {dist} N={world}")
-        out["methods"][p.key] = {**metrics(rows, sizes, cost), "plan_s": time.perf_counter() - t0}
-    b_eq = memory_equivalent_batch_size(sizes, cost)
-    out["methods"]["standard_bs1"] = {"steps": len(standard(len(sizes), world, 1)[0])}
-    out["methods"][f"standard_bs{b_eq}"] = metrics(standard(len(sizes), world, b_eq), sizes, cost)
-    for name, factory, dealt in [("odb", default_policy, False), ("odb_dealt", default_policy, True),
-                                 ("release_reimpl", ReleasePolicy, False)]:
-        t0 = time.perf_counter()
-        if dealt:  # positions of the one global order `sizes`, dealt to the ranks as they consume them
-            sim = simulate([[] for _ in range(world)], cost, window=window, mode="pad", policy=factory, deal=sizes)
-            rows, row_sizes = sim.batches, sizes
-        else:
-            sim = simulate(shards, cost, window=window, mode="pad", policy=factory)
-            rows, row_sizes = _sim_rows(sim, starts), order_sizes
-        m = metrics(rows, row_sizes, cost)
-        _exactly_once(rows, len(sizes), f"{name} {dist} N={world} W={window}")
-        m["rounds"] = sim.rounds
-        m["decision_ms"] = 1e3 * sum(sim.decision_s) / len(sim.decision_s)
-        m["decision_ms_max"] = 1e3 * max(sim.decision_s)
-        m["sim_s"] = time.perf_counter() - t0
-        out["methods"][name] = m
+    scheds = schedules(pt, world, window, ("gmt", "bmt", *(p.key for p in PEERS), "standard_bs1", "standard_eq",
+                                           "odb", "odb_dealt", "release_reimpl"))
+    for name, (rows, row_sizes, extra) in scheds.items():
+        if name == "standard_bs1":
+            out["methods"][name] = dict(extra)
+            continue
+        if name == "standard_eq":
+            name = f"standard_bs{extra['batch_size']}"
+        extra = {k: v for k, v in extra.items() if k != "batch_size"}
+        out["methods"][name] = {**metrics(rows, row_sizes, cost), **extra}
     g = out["methods"]["gmt"]["steps"]
     for m in out["methods"].values():
         m["vs_gmt"] = m["steps"] / g

@@ -1,0 +1,326 @@
+"""The cluster-scale grid: every method's exact batches at 8 to 1,024 ranks, scored two ways.
+
+``python -m paper_repro.scale_grid [--full]`` (``make repro`` and ``make repro-full`` run it too) writes
+``paper_repro/results/scale_grid[_full]_<yyyymm>.{json,md}`` and ``scale_vs_n[_full].png``.
+
+Each point is (distribution, N ranks, window W, budget B, cost kind, samples per rank).  The epoch's
+lengths are `paper_repro.distributions`' (the four paper CVs and the release's long-tail mix), shuffled
+once; every method schedules the same lengths (`paper_repro.bench_grid.schedules`, which checks that
+each schedule holds every sample exactly once):
+
+    gmt             GMT, batches sorted by length (the offline oracle; a length cache)
+    gmt_shuffled    GMT with the batch order shuffled (fairseq-style samplers)
+    bmt             GMT inside buckets of 4096 (offline, a length cache)
+    hf_rebalance    HF Trainer's BatchRebalanceSampler (offline lengths)
+    dp_balanced     Megatron-Core's DP-balanced packing (gathers true lengths, moves samples)
+    kk_micro        verl / OpenRLHF Karmarkar-Karp micro-batches (moves samples)
+    release_reimpl  the released package's algorithm, re-implemented, fixed shards (`odb.core.sim`);
+                    not on the quadratic cost (its grouping knows a token budget only, and its groups
+                    break a quadratic one: the simulation's partition check stops it)
+    odb_dealt       ODB as it ships by default: dealt sharding, the default policy, `odb.core.sim`
+                    (the runtime's `RankCore` per rank on the runtime's header and replicated decision)
+
+Scores, per method:
+
+* *budget cost* (`paper_repro.bench_metrics.metrics`, the issue's figures): ``steps``, ``straggler_eff``
+  (sum over steps of mean / max rank cost), ``straggler_ceiling`` (mean / max of the ranks' total cost:
+  no order of the same batches does better);
+* *step-time model* (`paper_repro.cluster_sim`, H20 constants stated there): predicted ``seconds`` and
+  ``samples_per_s`` with each method's collate (pad for a padded cost, packed varlen for the packed and
+  quadratic costs), ODB's and the release's round collectives charged (`cluster_sim.odb_round_latency`,
+  the mode the runtime picks at this N and W), and ``balanced_samples_per_s``: the same batches with
+  every step as long as its mean rank (what perfect balance of this schedule's steps would give);
+  ``predicted_accum``: the same at `ACCUM` micro-batches per optimizer step (DDP ``no_sync`` or gradient
+  accumulation with the same count on every rank: ranks wait for each other once per optimizer step, so a
+  rank's sum over its micro-batches is what must balance).
+
+`TARGETS` (data, the issue's) apply at N >= 64 and W >= 256; `target_lines` prints each as met or
+missed, and for a miss the ceiling that explains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
+
+__all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "run_point", "run_grid",
+           "target_lines", "write", "main"]
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
+METHODS = ("gmt", "gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "kk_micro", "release_reimpl", "odb_dealt")
+LABELS = {"gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
+          "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
+          "odb_dealt": "ODB (dealt, default)"}
+# Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
+# 256-rank point simulates 524k samples through 256 RankCores, about 2 minutes on one core).
+GRID_QUICK = {"worlds": (8, 64, 256), "window": 256, "budget": 8192, "per_rank": 2048,
+              "costs": {"padded": (8, 64, 256), "packed": (8, 64), "quadratic": (8, 64)},
+              "paper_points": (("sharegpt4o", 8, 10000),)}
+GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_rank": 2048,
+             "costs": {"padded": (8, 64, 256, 1024), "packed": (8, 64, 256), "quadratic": (8, 64, 256)},
+             "paper_points": tuple((d, 8, 10000) for d in DISTS)}
+# Micro-batches per optimizer step in the second step-model view (DDP no_sync / gradient accumulation, the
+# same count on every rank; `cluster_sim.simulate`'s ``accum``); the targets read the first view (1).
+ACCUM = 4
+# The targets, as data: at N >= 64 and W >= 256, for ODB (dealt, the default).
+TARGETS = {"min_world": 64, "min_window": 256, "straggler_eff": 0.97, "steps_vs_gmt": 1.05,
+           "throughput_vs_gmt": 0.97}
+# ODB's predicted throughput must be above each of these at every point (the issue's list).
+BEATS = ("gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "release_reimpl")
+
+
+def points(full: bool) -> list[tuple]:
+    """The grid's points ``(dist, N, W, B, cost, per_rank)``, largest first (a pool then ends on small ones)."""
+    g = GRID_FULL if full else GRID_QUICK
+    pts = [(d, n, g["window"], g["budget"], kind, g["per_rank"])
+           for kind, worlds in g["costs"].items() for n in worlds for d in DISTS]
+    pts += [(d, n, g["window"], g["budget"], "padded", per) for d, n, per in g["paper_points"]]
+    return sorted(pts, key=lambda p: -p[1] * p[5])
+
+
+def _plan(rows, row_sizes, world: int, filler: int):
+    """``rows[rank][step]`` (indices into `row_sizes`, None = a filler) -> `cluster_sim`'s plan of lengths."""
+    steps = max(len(r) for r in rows)
+    return [[("filler", filler) if (s < len(rows[r]) and rows[r][s] is None) else
+             [row_sizes[i][0] for i in (rows[r][s] if s < len(rows[r]) else [])] for r in range(world)]
+            for s in range(steps)]
+
+
+def _predicted(plan, world: int, collate: str, round_s: float, rounds: int, accum: int) -> dict:
+    from . import cluster_sim as cs
+
+    out = cs.simulate(plan, world, cs.H20_2B, num_rounds=rounds, round_s=round_s, collate=collate, accum=accum)
+    return {"seconds": out["seconds"], "samples_per_s": out["samples_per_s"], "straggler_eff": out["straggler_eff"],
+            "balanced_samples_per_s": out["samples"] / out["balanced_seconds"] if out["balanced_seconds"] else 0.0}
+
+
+def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> dict:
+    """Every method of `METHODS` on one point, both scores (module docstring)."""
+    from odb.baselines import step_lower_bound
+    from odb.batching import default_policy
+    from odb.runtime.engine import header_layout
+
+    from . import cluster_sim as cs
+    from .bench_grid import point, schedules
+    from .bench_metrics import metrics
+
+    t0 = time.perf_counter()
+    pt = point(dist, world, budget, kind, per_rank, seed)
+    filler = sorted(s[0] for s in pt.sizes)[len(pt.sizes) // 2]  # a PAD filler: one median-length sample
+    collate = "pad" if kind == "padded" else "packed"
+    header_len = header_layout(default_policy().summary_len, window).length
+    round_cost = {"odb_dealt": cs.odb_round_latency(cs.H20_2B, world, window, header_len)[0],
+                  "release_reimpl": cs.H20_2B.allgather(world, (2 + 2 * window) * 8)}
+    out = {"dist": dist, "world": world, "window": window, "budget": budget, "cost": kind, "per_rank": per_rank,
+           "samples": len(pt.sizes), "lower_bound": step_lower_bound(pt.sizes, pt.cost, world), "methods": {}}
+    methods = [m for m in METHODS if not (m == "release_reimpl" and kind == "quadratic")]
+    for name, (rows, row_sizes, extra) in schedules(pt, world, window, methods).items():
+        m = {**metrics(rows, row_sizes, pt.cost), **extra}
+        plan = _plan(rows, row_sizes, world, filler)
+        m["predicted"] = _predicted(plan, world, collate, round_cost.get(name, 0.0), extra.get("rounds", 0), 1)
+        m["predicted_accum"] = _predicted(plan, world, collate, round_cost.get(name, 0.0), extra.get("rounds", 0),
+                                          ACCUM)
+        out["methods"][name] = m
+    g = out["methods"]["gmt"]
+    for m in out["methods"].values():
+        m["steps_vs_gmt"] = m["steps"] / g["steps"]
+        m["throughput_vs_gmt"] = m["predicted"]["samples_per_s"] / g["predicted"]["samples_per_s"]
+        m["balanced_vs_gmt"] = m["predicted"]["balanced_samples_per_s"] / g["predicted"]["samples_per_s"]
+        m["accum_throughput_vs_gmt"] = m["predicted_accum"]["samples_per_s"] / g["predicted_accum"]["samples_per_s"]
+    out["lower_bound_vs_gmt"] = out["lower_bound"] / g["steps"]
+    out["point_s"] = time.perf_counter() - t0
+    return out
+
+
+def _run(p):
+    return run_point(*p)
+
+
+def run_grid(full: bool = False, workers: int = 2, progress: bool = True,
+             pts: Sequence[tuple] | None = None) -> dict:
+    """Every point of the grid (`points`, or `pts`), `workers` processes; ``{"grid", "rows", "seconds"}``."""
+    from tqdm import tqdm
+
+    pts = list(points(full) if pts is None else pts)
+    t0 = time.monotonic()
+    rows = []
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as ex:
+        for r in tqdm(ex.map(_run, pts), total=len(pts), desc="scale grid", unit="point", disable=not progress):
+            rows.append(r)
+    g = GRID_FULL if full else GRID_QUICK
+    return {"grid": {k: (v if not isinstance(v, dict) else {a: list(b) for a, b in v.items()}) for k, v in g.items()},
+            "targets": TARGETS, "beats": list(BEATS), "rows": rows, "seconds": time.monotonic() - t0}
+
+
+def _where(r) -> str:
+    return f"{r['dist']} N={r['world']} {r['cost']} ({r['per_rank']}/rank)"
+
+
+def target_lines(res: dict) -> list[str]:
+    """One line per target (met, or missed at k of n points with the worst point and the ceiling that
+    explains it), then ODB against each method it must beat."""
+    t = res["targets"]
+    pts = [r for r in res["rows"] if r["world"] >= t["min_world"] and r["window"] >= t["min_window"]]
+    if not pts:
+        return ["- no point at N >= 64 and W >= 256 in this grid"]
+    lines = []
+
+    def tally(label, value, ok, lowest, ceiling):
+        vals = [(value(r), r) for r in pts]
+        bad = [(v, r) for v, r in vals if not ok(v)]
+        v, r = (min if lowest else max)(vals, key=lambda x: x[0])
+        line = f"- {label}: " + ("MET" if not bad else f"MISSED at {len(bad)}/{len(vals)} points") + \
+               f"; worst {v:.3f} at {_where(r)}"
+        if bad:
+            line += "; " + ceiling(r)
+        lines.append(line)
+
+    def odb(r):
+        return r["methods"]["odb_dealt"]
+
+    tally(f"straggler efficiency >= {t['straggler_eff']}", lambda r: odb(r)["straggler_eff"],
+          lambda v: v >= t["straggler_eff"], True,
+          lambda r: f"there: its straggler ceiling (mean / max of the ranks' total cost) {odb(r)['straggler_ceiling']:.3f}, "
+                    f"GMT's straggler efficiency {r['methods']['gmt']['straggler_eff']:.3f}")
+    tally(f"steps <= {t['steps_vs_gmt']} x GMT's", lambda r: odb(r)["steps_vs_gmt"],
+          lambda v: v <= t["steps_vs_gmt"], False,
+          lambda r: f"there: the step lower bound is {r['lower_bound_vs_gmt']:.3f} x GMT's steps")
+    tally(f"predicted throughput >= {t['throughput_vs_gmt']} x sorted GMT's", lambda r: odb(r)["throughput_vs_gmt"],
+          lambda v: v >= t["throughput_vs_gmt"], True,
+          lambda r: f"there: with every step as long as its mean rank ODB's batches would give "
+                    f"{odb(r)['balanced_vs_gmt']:.3f} x GMT (the imbalance's share), and it runs "
+                    f"{odb(r)['steps_vs_gmt']:.3f} x GMT's steps")
+    acc = [(odb(r)["accum_throughput_vs_gmt"], r) for r in pts]
+    v, r = min(acc, key=lambda x: x[0])
+    lines.append(f"- context, not a target: at {ACCUM} micro-batches per optimizer step (no_sync), ODB's predicted "
+                 f"throughput is >= {t['throughput_vs_gmt']} x sorted GMT's at "
+                 f"{sum(1 for x, _ in acc if x >= t['throughput_vs_gmt'])}/{len(acc)} points; worst {v:.3f} at {_where(r)}")
+    for peer in BEATS + ("kk_micro",):
+        on = [r for r in pts if peer in r["methods"]]
+        if not on:
+            continue
+        wins = [r for r in on if odb(r)["predicted"]["samples_per_s"] > r["methods"][peer]["predicted"]["samples_per_s"]]
+        worst = min(on, key=lambda r: odb(r)["predicted"]["samples_per_s"] / r["methods"][peer]["predicted"]["samples_per_s"])
+        ratio = odb(worst)["predicted"]["samples_per_s"] / worst["methods"][peer]["predicted"]["samples_per_s"]
+        what = "must beat" if peer in BEATS else "reported, not a target:"
+        verdict = ("MET" if len(wins) == len(on) else f"MISSED at {len(on) - len(wins)}/{len(on)} points") \
+            if peer in BEATS else f"above at {len(wins)}/{len(on)} points"
+        lines.append(f"- ODB {what} {LABELS[peer]} on predicted throughput: {verdict}; lowest ratio {ratio:.3f} "
+                     f"at {_where(worst)}")
+    return lines
+
+
+def _table(res: dict, cell) -> list[str]:
+    lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in METHODS) + " |",
+             "|" + "---|" * (4 + len(METHODS))]
+    key = lambda r: (r["cost"], r["dist"], r["world"], r["per_rank"])  # noqa: E731
+    for r in sorted(res["rows"], key=key):
+        cells = [cell(r["methods"][m]) if m in r["methods"] else "n/a" for m in METHODS]
+        lines.append(f"| {r['dist']} | {r['world']} | {r['cost']} | {r['per_rank']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") -> list[str]:
+    """The JSON, the Markdown report and the plot (``scale_grid[_full][_name]_<yyyymm>``); returns the paths."""
+    stamp = time.strftime("%Y%m")
+    tag = ("_full" if full else "") + (f"_{name}" if name else "")
+    base = os.path.join(outdir, f"scale_grid{tag}_{stamp}")
+    os.makedirs(outdir, exist_ok=True)
+    with open(base + ".json", "w") as f:
+        json.dump(res, f)
+    g = res["grid"]
+    doc = (__doc__ or "").strip()
+    md = ["# Predicted: balance and throughput from 8 to 1,024 ranks (exact batches, step-time model)", "",
+          f"Command: `python -m paper_repro.scale_grid{res.get('args', ' --full' if full else '')}`; "
+          f"{len(res['rows'])} points in "
+          f"{res['seconds']:.0f} s; {time.strftime('%Y-%m-%d')}.", "",
+          f"Grid: W = {g['window']}, B = {g['budget']}, {g['per_rank']} samples per rank (8 W); costs by world "
+          f"size {g['costs']}; paper-sized points {g['paper_points']} ((dist, N, samples per rank)).", "",
+          "```", doc, "```", "", "## Targets (ODB dealt, N >= 64, W >= 256)", "", *target_lines(res), "",
+          "## Every point", "",
+          "Each cell: straggler efficiency (budget cost) / steps vs sorted GMT / predicted throughput vs sorted GMT.",
+          "", *_table(res, lambda m: f"{m['straggler_eff']:.3f} / {m['steps_vs_gmt']:.3f} / "
+                                     f"{m['throughput_vs_gmt']:.3f}"), "",
+          f"## At {ACCUM} micro-batches per optimizer step (no_sync)", "",
+          "Each cell: predicted straggler efficiency per optimizer step / predicted throughput vs sorted GMT (at "
+          f"{ACCUM} too).", "",
+          *_table(res, lambda m: f"{m['predicted_accum']['straggler_eff']:.3f} / {m['accum_throughput_vs_gmt']:.3f}"),
+          ""]
+    plot = _plot(res, os.path.join(outdir, f"scale_vs_n{tag}.png"))
+    if plot:
+        md += [f"![straggler efficiency and predicted throughput against N]({os.path.basename(plot)})", ""]
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(md))
+    return [base + ".json", base + ".md"] + ([plot] if plot else [])
+
+
+def _plot(res: dict, path: str) -> str | None:
+    """Straggler efficiency and predicted throughput / sorted GMT against N, per method, padded cost,
+    one column per distribution (the per-rank epoch of the grid, not the paper-sized points)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per = res["grid"]["per_rank"]
+    rows = [r for r in res["rows"] if r["cost"] == "padded" and r["per_rank"] == per]
+    dists = [d for d in DISTS if any(r["dist"] == d for r in rows)]
+    if not dists:
+        return None
+    fig, ax = plt.subplots(2, len(dists), figsize=(3.2 * len(dists), 6), squeeze=False, sharex=True)
+    for j, d in enumerate(dists):
+        rr = sorted((r for r in rows if r["dist"] == d), key=lambda r: r["world"])
+        ns = [r["world"] for r in rr]
+        for m in METHODS:
+            lw = 2.5 if m == "odb_dealt" else 1.0
+            ax[0][j].plot(ns, [r["methods"][m]["straggler_eff"] for r in rr], marker="o", lw=lw, label=LABELS[m])
+            ax[1][j].plot(ns, [r["methods"][m]["throughput_vs_gmt"] for r in rr], marker="o", lw=lw, label=LABELS[m])
+        ax[0][j].axhline(res["targets"]["straggler_eff"], color="k", ls=":", lw=0.8)
+        ax[1][j].axhline(res["targets"]["throughput_vs_gmt"], color="k", ls=":", lw=0.8)
+        ax[0][j].set_title(d, fontsize=9)
+        ax[1][j].set_xscale("log", base=2)
+        ax[1][j].set_xlabel("ranks N")
+    ax[0][0].set_ylabel("straggler efficiency (budget cost)")
+    ax[1][0].set_ylabel("predicted throughput / sorted GMT")
+    ax[0][0].legend(fontsize=6, loc="lower left")
+    fig.suptitle(f"padded cost, W = {res['grid']['window']}, {per} samples per rank; dotted: the targets", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The cluster-scale grid (module docstring).")
+    ap.add_argument("--full", action="store_true", help="N up to 1024, every cost at N <= 256 (hours on 2 cores)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--worlds", default="", help="comma-separated: keep only these N")
+    ap.add_argument("--dists", default="", help="comma-separated: keep only these distributions")
+    ap.add_argument("--costs", default="", help="comma-separated: keep only these costs")
+    ap.add_argument("--name", default="", help="a tag for the file names (a filtered grid is not the grid)")
+    args = ap.parse_args(argv)
+    keep = [(i, set(v.split(","))) for i, v in ((1, args.worlds), (0, args.dists), (4, args.costs)) if v]
+    pts = [p for p in points(args.full) if all(str(p[i]) in vs for i, vs in keep)]
+    if not pts:
+        raise SystemExit("no point of the grid passes the filters")
+    if keep and not args.name:
+        raise SystemExit("a filtered grid needs --name (its files must not pass for the whole grid's)")
+    res = run_grid(args.full, args.workers, pts=pts)
+    res["args"] = "".join(f" --{k} {v}" for k, v in (("worlds", args.worlds), ("dists", args.dists),
+                                                     ("costs", args.costs), ("name", args.name)) if v)
+    res["args"] = (" --full" if args.full else "") + res["args"]
+    for p in write(res, args.out, args.full, args.name):
+        print("wrote", p)
+    print("\n".join(target_lines(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
