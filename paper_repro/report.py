@@ -318,8 +318,8 @@ def _compare_section(prev: list[dict], runs: list[dict], ratios_only: bool = Fal
 
 def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: float,
               load: tuple[float, float] | None = None, prices: dict | None = None, previous: list | None = None,
-              phases: dict | None = None, budget: dict | None = None) -> None:
-    from . import cluster_sim
+              phases: dict | None = None, budget: dict | None = None, scale: dict | None = None) -> None:
+    from . import cluster_sim, scale_grid
 
     prices = prices or {}
     stamp = time.strftime("%Y%m")
@@ -346,8 +346,15 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
             f.write("# Predicted: cluster scale (step-time model, exact batches)\n\n```\n" + doc + "\n```\n\n"
                     f"Grid: {sim['grid']}\n\n" + "\n".join(_sim_tables(sim)) + "\n")
     plots = write_plots(outdir, runs, sim, NAMES)
+    scale_files = [os.path.basename(p) for p in scale_grid.write(scale, outdir, full)] if scale else []
     summ = _summary(runs, sim, full, elapsed_s, load, prices, previous or [], phases or {}, budget or {},
-                    name_meas, name_sim, plots)
+                    name_meas, name_sim, plots + scale_files[1:])
+    if scale:
+        summ += ["", f"## At cluster scale, predicted ([{scale_files[1]}]({scale_files[1]}))", "",
+                 f"{len(scale['rows'])} points, 8 to {max(r['world'] for r in scale['rows'])} ranks, "
+                 f"{scale['grid']['per_rank']} samples per rank, every method's exact batches through the step-time "
+                 "model; the issue's targets for ODB (dealt, the default) at N >= 64:", "",
+                 *scale_grid.target_lines(scale)]
     with open(os.path.join(outdir, "SUMMARY.md"), "w") as f:
         f.write("\n".join(summ) + "\n")
 

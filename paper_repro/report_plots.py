@@ -95,19 +95,6 @@ def _padding(plt, outdir, runs, names) -> str:
     return "padding.png"
 
 
-def _straggler(plt, outdir, sim) -> str:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in ("standard", "gmt", "bmt", "odb_pad"):
-        xy = sorted((r["world_size"], r[m]["straggler_eff"]) for r in sim["rows"] if r["dist"] == "sharegpt4o")
-        ax.plot(*zip(*xy), "o-", label=m)
-    ax.set_xscale("log", base=2); ax.set_xlabel("world size (sim, ShareGPT4o-like)")
-    ax.set_ylabel("straggler efficiency (mean/max rank compute)"); ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(outdir, "straggler_efficiency.png"), dpi=110)
-    plt.close(fig)
-    return "straggler_efficiency.png"
-
-
 def _loss(plt, outdir, runs, names) -> str | None:
     run = next((r for r in runs if r["spec"]["name"] == "sharegpt4o_full"), runs[0] if runs else None)
     if run is None:
@@ -142,7 +129,5 @@ def write_plots(outdir: str, runs: list[dict], sim: dict, names: dict) -> list[s
     made = [_speedup(plt, outdir, runs, sim, names)]
     if runs:
         made += [_rounds(plt, outdir, runs, names), _padding(plt, outdir, runs, names)]
-    if sim and sim.get("rows"):
-        made.append(_straggler(plt, outdir, sim))
     loss = _loss(plt, outdir, runs, names)
     return made + ([loss] if loss else [])
