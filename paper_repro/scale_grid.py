@@ -20,6 +20,11 @@ each schedule holds every sample exactly once):
     odb_dealt       ODB as it ships by default: dealt sharding, the default policy, `odb.core.sim`
                     (the runtime's `RankCore` per rank on the runtime's header and replicated decision)
 
+Beside them, at N >= 64, one structural option as a PROTOTYPE (``odb_pooled8``, `pooled_schedule`): the
+windows of each host's 8 ranks pooled, ODB's rank core once per host, only hosts aligned through the round
+collective.  It is not what ships (the runtime has no window shared across processes); it measures what
+building it would buy.
+
 Scores, per method:
 
 * *budget cost* (`paper_repro.bench_metrics.metrics`, the issue's figures): ``steps``, ``straggler_eff``
@@ -54,7 +59,7 @@ __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
 METHODS = ("gmt", "gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "kk_micro", "release_reimpl", "odb_dealt")
-LABELS = {"gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
+LABELS = {"odb_pooled8": "ODB pooled per host of 8 (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
           "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
           "odb_dealt": "ODB (dealt, default)"}
 # Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
@@ -65,6 +70,10 @@ GRID_QUICK = {"worlds": (8, 64, 256), "window": 256, "budget": 8192, "per_rank":
 GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_rank": 2048,
              "costs": {"padded": (8, 64, 256, 1024), "packed": (8, 64, 256), "quadratic": (8, 64, 256)},
              "paper_points": tuple((d, 8, 10000) for d in DISTS)}
+# The structural option evaluated beside the methods (`pooled_schedule`, a prototype): ranks per host, and
+# where it runs (the quick grid: the padded points at N >= 64; the full grid: every point at N >= 64).
+HOST = 8
+POOLED = "odb_pooled8"
 # Micro-batches per optimizer step in the second step-model view (DDP no_sync / gradient accumulation, the
 # same count on every rank; `cluster_sim.simulate`'s ``accum``); the targets read the first view (1).
 ACCUM = 4
@@ -76,11 +85,13 @@ BEATS = ("gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "release_reimpl")
 
 
 def points(full: bool) -> list[tuple]:
-    """The grid's points ``(dist, N, W, B, cost, per_rank)``, largest first (a pool then ends on small ones)."""
+    """The grid's points ``(dist, N, W, B, cost, per_rank, pooled)``, largest first (a pool then ends on small
+    ones); ``pooled``: the point also runs the pooled prototype (`pooled_schedule`)."""
     g = GRID_FULL if full else GRID_QUICK
     pts = [(d, n, g["window"], g["budget"], kind, g["per_rank"])
            for kind, worlds in g["costs"].items() for n in worlds for d in DISTS]
     pts += [(d, n, g["window"], g["budget"], "padded", per) for d, n, per in g["paper_points"]]
+    pts = [(*p, p[1] >= 64 and (full or p[4] == "padded")) for p in pts]  # the pooled prototype too?
     return sorted(pts, key=lambda p: -p[1] * p[5])
 
 
@@ -100,7 +111,31 @@ def _predicted(plan, world: int, collate: str, round_s: float, rounds: int, accu
             "balanced_samples_per_s": out["samples"] / out["balanced_seconds"] if out["balanced_seconds"] else 0.0}
 
 
-def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> dict:
+def pooled_schedule(sizes, cost, world: int, window: int, host: int = HOST) -> tuple[list, int]:
+    """PROTOTYPE of a structural option, not what ships: the windows of each host's `host` ranks pooled.
+
+    ODB's rank core runs once per host on a window of ``host * window`` samples (dealt sharding over
+    ``world / host`` hosts: `odb.core.sim`), and the host's k-th batch goes to its rank ``k mod host`` at
+    step ``k // host``.  A round's batches come in decreasing fill, so one step's batches on a host's
+    ranks are neighbours in cost, and only hosts align through the round collective.  What the
+    runtime would need and does not have: a window shared by a host's processes (shared memory) and
+    a host leader handing its ranks their batches (samples move within a host, never between hosts).
+    Returns ``rows[rank][step]`` (None: a filler) and the rounds."""
+    from odb.core.sim import simulate
+
+    if world % host:
+        raise ValueError(f"{world} ranks do not make hosts of {host}")
+    sim = simulate([[] for _ in range(world // host)], cost, window=host * window, mode="pad", deal=sizes)
+    steps = -(-max(len(r) for r in sim.batches) // host)
+    rows: list[list] = [[None] * steps for _ in range(world)]
+    for h, hb in enumerate(sim.batches):
+        for k, b in enumerate(hb):
+            rows[h * host + k % host][k // host] = b
+    return rows, sim.rounds
+
+
+def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0,
+              pooled: bool = False) -> dict:
     """Every method of `METHODS` on one point, both scores (module docstring)."""
     from odb.baselines import step_lower_bound
     from odb.batching import default_policy
@@ -127,6 +162,16 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
         m["predicted_accum"] = _predicted(plan, world, collate, round_cost.get(name, 0.0), extra.get("rounds", 0),
                                           ACCUM)
         out["methods"][name] = m
+    if pooled and world >= 2 * HOST:
+        t1 = time.perf_counter()
+        rows, rounds = pooled_schedule(pt.sizes, pt.cost, world, window)
+        hosts, plan = world // HOST, _plan(rows, pt.sizes, world, filler)
+        r_s = cs.odb_round_latency(cs.H20_2B, hosts, HOST * window,
+                                   header_layout(default_policy().summary_len, HOST * window).length)[0]
+        m = {**metrics(rows, pt.sizes, pt.cost), "rounds": rounds, "sim_s": time.perf_counter() - t1}
+        m["predicted"] = _predicted(plan, world, collate, r_s, rounds, 1)
+        m["predicted_accum"] = _predicted(plan, world, collate, r_s, rounds, ACCUM)
+        out["methods"][POOLED] = m
     g = out["methods"]["gmt"]
     for m in out["methods"].values():
         m["steps_vs_gmt"] = m["steps"] / g["steps"]
@@ -139,7 +184,7 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
 
 
 def _run(p):
-    return run_point(*p)
+    return run_point(*p[:6], pooled=p[6] if len(p) > 6 else False)
 
 
 def run_grid(full: bool = False, workers: int = 2, progress: bool = True,
@@ -201,6 +246,18 @@ def target_lines(res: dict) -> list[str]:
     lines.append(f"- context, not a target: at {ACCUM} micro-batches per optimizer step (no_sync), ODB's predicted "
                  f"throughput is >= {t['throughput_vs_gmt']} x sorted GMT's at "
                  f"{sum(1 for x, _ in acc if x >= t['throughput_vs_gmt'])}/{len(acc)} points; worst {v:.3f} at {_where(r)}")
+    pool = [r for r in pts if POOLED in r["methods"]]
+    if pool:
+        def rng(key, m):
+            v = [(r["methods"][m][key] if key in r["methods"][m] else r["methods"][m]["predicted"][key]) for r in pool]
+            return f"{min(v):.3f}-{max(v):.3f}"
+        better = sum(1 for r in pool if r["methods"][POOLED]["predicted"]["samples_per_s"]
+                     > odb(r)["predicted"]["samples_per_s"])
+        lines.append(f"- structural option, a prototype (`pooled_schedule`: windows pooled per host of {HOST}), at "
+                     f"{len(pool)} points: straggler efficiency {rng('straggler_eff', POOLED)} (ODB dealt "
+                     f"{rng('straggler_eff', 'odb_dealt')}), steps {rng('steps_vs_gmt', POOLED)} x GMT "
+                     f"({rng('steps_vs_gmt', 'odb_dealt')}), predicted throughput {rng('throughput_vs_gmt', POOLED)} x GMT "
+                     f"({rng('throughput_vs_gmt', 'odb_dealt')}); faster than ODB dealt at {better}/{len(pool)}")
     for peer in BEATS + ("kk_micro",):
         on = [r for r in pts if peer in r["methods"]]
         if not on:
@@ -217,11 +274,12 @@ def target_lines(res: dict) -> list[str]:
 
 
 def _table(res: dict, cell) -> list[str]:
-    lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in METHODS) + " |",
-             "|" + "---|" * (4 + len(METHODS))]
+    cols = METHODS + (POOLED,)
+    lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
+             "|" + "---|" * (4 + len(cols))]
     key = lambda r: (r["cost"], r["dist"], r["world"], r["per_rank"])  # noqa: E731
     for r in sorted(res["rows"], key=key):
-        cells = [cell(r["methods"][m]) if m in r["methods"] else "n/a" for m in METHODS]
+        cells = [cell(r["methods"][m]) if m in r["methods"] else "n/a" for m in cols]
         lines.append(f"| {r['dist']} | {r['world']} | {r['cost']} | {r['per_rank']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -276,11 +334,14 @@ def _plot(res: dict, path: str) -> str | None:
     fig, ax = plt.subplots(2, len(dists), figsize=(3.2 * len(dists), 6), squeeze=False, sharex=True)
     for j, d in enumerate(dists):
         rr = sorted((r for r in rows if r["dist"] == d), key=lambda r: r["world"])
-        ns = [r["world"] for r in rr]
-        for m in METHODS:
-            lw = 2.5 if m == "odb_dealt" else 1.0
-            ax[0][j].plot(ns, [r["methods"][m]["straggler_eff"] for r in rr], marker="o", lw=lw, label=LABELS[m])
-            ax[1][j].plot(ns, [r["methods"][m]["throughput_vs_gmt"] for r in rr], marker="o", lw=lw, label=LABELS[m])
+        for m in METHODS + (POOLED,):
+            lw, ls = (2.5 if m == "odb_dealt" else 1.0), ("--" if m == POOLED else "-")
+            xy = [(r["world"], r["methods"][m]) for r in rr if m in r["methods"]]
+            if not xy:
+                continue
+            xs = [x for x, _ in xy]
+            ax[0][j].plot(xs, [v["straggler_eff"] for _, v in xy], marker="o", lw=lw, ls=ls, label=LABELS[m])
+            ax[1][j].plot(xs, [v["throughput_vs_gmt"] for _, v in xy], marker="o", lw=lw, ls=ls, label=LABELS[m])
         ax[0][j].axhline(res["targets"]["straggler_eff"], color="k", ls=":", lw=0.8)
         ax[1][j].axhline(res["targets"]["throughput_vs_gmt"], color="k", ls=":", lw=0.8)
         ax[0][j].set_title(d, fontsize=9)

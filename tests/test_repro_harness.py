@@ -207,3 +207,18 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
     assert "MISSED at 1/1" in missed[1] and "lower bound" in missed[1]
     assert "MISSED at 1/1" in missed[2] and "mean rank" in missed[2]
     assert sg.target_lines({"rows": [r], "targets": sg.TARGETS}) == ["- no point at N >= 64 and W >= 256 in this grid"]
+
+
+def test_the_pooled_prototype_hands_each_hosts_batches_to_its_ranks_every_sample_once():
+    from paper_repro import scale_grid as sg
+    from paper_repro.bench_grid import point
+
+    pt = point("mmmix", 16, 4096, "padded", 32)
+    rows, rounds = sg.pooled_schedule(pt.sizes, pt.cost, 16, 8, host=8)
+    assert rounds > 0 and len(rows) == 16 and len({len(r) for r in rows}) == 1  # every rank the same steps
+    assert sorted(i for r in rows for b in r if b for i in b) == list(range(len(pt.sizes)))
+    with pytest.raises(ValueError):
+        sg.pooled_schedule(pt.sizes, pt.cost, 12, 8, host=8)
+    r = sg.run_point("mmmix", 16, 8, 4096, "padded", 32, pooled=True)
+    assert sg.POOLED in r["methods"] and r["methods"][sg.POOLED]["predicted"]["samples_per_s"] > 0
+    assert sg.POOLED not in sg.run_point("mmmix", 8, 8, 4096, "padded", 32, pooled=True)["methods"]  # one host
