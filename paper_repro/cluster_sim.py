@@ -58,7 +58,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "protocol_cost", "odb_reduced_bytes", "odb_round_latency",
+__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "simulate_variable", "protocol_cost", "odb_reduced_bytes", "odb_round_latency",
            "standard_plan", "plan_stats"]
 
 # A plan: one entry per step; each entry is a list over ranks of that rank's batch
@@ -184,6 +184,44 @@ def simulate(plan: Plan, world_size: int, model: StepModel = H20_2B, num_rounds:
     return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
             "straggler_eff": float(np.mean(eff)) if eff else 1.0, "pad_frac": 1 - real / padded if padded else 0.0,
             "steps": len(plan), "balanced_seconds": bal}
+
+
+def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, accum: int = 4, num_rounds: int = 0,
+                      round_s: float = 0.0, collate: str = "pad") -> dict:
+    """PROTOTYPE timing of variable micro-batch counts per optimizer step (DDP ``no_sync``; FSDP needs equal
+    counts), not a mode the runtime has: each rank runs its own batches in order (fillers dropped: no count
+    has to match), and an optimizer step ends once every rank has run micro-batches worth at least `accum`
+    mean batches of compute (the epoch's mean over every real batch), or has none left.  A step lasts as
+    long as its largest per-rank sum, plus the exposed all-reduce.  Returns seconds, samples, samples/s,
+    straggler efficiency (mean over steps of mean / max per-rank sum) and the optimizer steps."""
+    streams: list[list[float]] = [[] for _ in range(world_size)]
+    samples = 0
+    memo: dict = {}
+    for step in plan:
+        for r, x in enumerate(step):
+            if isinstance(x, tuple) or not x:
+                continue
+            b = tuple(int(v) for v in x)
+            c = memo.get(b)
+            streams[r].append(c if c is not None else memo.setdefault(b, model.compute(b, collate)))
+            samples += len(x)
+    flat = [c for st in streams for c in st]
+    tau = accum * sum(flat) / len(flat) if flat else 0.0
+    pos, t, eff, steps = [0] * world_size, 0.0, [], 0
+    while any(p < len(st) for p, st in zip(pos, streams)):
+        sums, last = [0.0] * world_size, 0.0
+        for r, st in enumerate(streams):
+            while pos[r] < len(st) and (sums[r] == 0.0 or sums[r] < tau):
+                sums[r] += st[pos[r]]
+                last = max(last, st[pos[r]])
+                pos[r] += 1
+        slowest = max(sums)
+        t += slowest + max(0.0, model.allreduce(world_size) - model.overlap * (2 / 3) * last)
+        eff.append(sum(sums) / len(sums) / slowest)
+        steps += 1
+    t += num_rounds * round_s
+    return {"seconds": t, "samples": samples, "samples_per_s": samples / t if t else 0.0,
+            "straggler_eff": float(np.mean(eff)) if eff else 1.0, "steps": steps}
 
 
 def standard_plan(lengths: Sequence[int], world_size: int, batch_size: int = 1, seed: int = 0) -> Plan:

@@ -194,6 +194,7 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
     assert gmt["throughput_vs_gmt"] == 1.0 and gmt["steps_vs_gmt"] == 1.0
     assert odb["rounds"] > 0 and odb["predicted"]["samples_per_s"] > 0
     assert gmt["accum_throughput_vs_gmt"] == 1.0 and odb["predicted_accum"]["samples_per_s"] > 0
+    assert odb["variable_throughput_vs_gmt"] > 0 and "predicted_variable" not in gmt  # ODB's prototype only
     for m in r["methods"].values():  # balancing a schedule's steps can only make it faster
         assert m["predicted"]["balanced_samples_per_s"] >= m["predicted"]["samples_per_s"] * (1 - 1e-9)
         assert m["straggler_eff"] <= m["straggler_ceiling"] + 1e-9
@@ -222,3 +223,16 @@ def test_the_pooled_prototype_hands_each_hosts_batches_to_its_ranks_every_sample
     r = sg.run_point("mmmix", 16, 8, 4096, "padded", 32, pooled=True)
     assert sg.POOLED in r["methods"] and r["methods"][sg.POOLED]["predicted"]["samples_per_s"] > 0
     assert sg.POOLED not in sg.run_point("mmmix", 8, 8, 4096, "padded", 32, pooled=True)["methods"]  # one host
+
+
+def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
+    unit = cs.StepModel(flop_per_token=1.0, flop_per_l2=0.0, peak=1.0, mfu=1.0, knee_tokens=0.0, c_fixed=0.0,
+                        grad_bytes=0.0, alpha_intra=0.0, alpha_inter=0.0, overlap=0.0)  # compute([L]) = L
+    plan = [[[4], [1]], [[4], [1]], [[1], ("filler", 9)], [[1], [4]], [[], [4]]]
+    # fixed counts, 2 per step: rank sums (8, 2), then (2, 13) with the filler, then (0, 4)
+    assert cs.simulate(plan, 2, unit, accum=2)["seconds"] == pytest.approx(8 + 13 + 4)
+    v = cs.simulate_variable(plan, 2, unit, accum=2)
+    # mean batch 2.5 (fillers dropped), a share of 5: rank 0 runs 4+4, rank 1 runs 1+1+4; then 1+1 and 4
+    assert v["steps"] == 2 and v["samples"] == 8 and v["seconds"] == pytest.approx(8 + 4)
+    assert v["straggler_eff"] == pytest.approx(((8 + 6) / 2 / 8 + (2 + 4) / 2 / 4) / 2)
+    assert cs.simulate_variable(plan, 2, unit, accum=2, num_rounds=3, round_s=0.5)["seconds"] == pytest.approx(13.5)
