@@ -190,9 +190,10 @@ def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, ac
                       round_s: float = 0.0, collate: str = "pad") -> dict:
     """PROTOTYPE timing of variable micro-batch counts per optimizer step (DDP ``no_sync``; FSDP needs equal
     counts), not a mode the runtime has: each rank runs its own batches in order (fillers dropped: no count
-    has to match), and an optimizer step ends once every rank has run micro-batches worth at least `accum`
-    mean batches of compute (the epoch's mean over every real batch), or has none left.  A step lasts as
-    long as its largest per-rank sum, plus the exposed all-reduce.  Returns seconds, samples, samples/s,
+    has to match); in each optimizer step a rank runs at least one, and the next one while that brings its
+    sum nearer to `accum` mean batches of compute (the epoch's mean over every real batch).  A step lasts as
+    long as its largest per-rank sum, plus the exposed all-reduce.  One budget-full micro-batch is about
+    1 / `accum` of a step, so the counts quantize what they balance.  Returns seconds, samples, samples/s,
     straggler efficiency (mean over steps of mean / max per-rank sum) and the optimizer steps."""
     streams: list[list[float]] = [[] for _ in range(world_size)]
     samples = 0
@@ -211,7 +212,7 @@ def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, ac
     while any(p < len(st) for p, st in zip(pos, streams)):
         sums, last = [0.0] * world_size, 0.0
         for r, st in enumerate(streams):
-            while pos[r] < len(st) and (sums[r] == 0.0 or sums[r] < tau):
+            while pos[r] < len(st) and (sums[r] == 0.0 or sums[r] + st[pos[r]] / 2 <= tau):  # the nearest sum
                 sums[r] += st[pos[r]]
                 last = max(last, st[pos[r]])
                 pos[r] += 1

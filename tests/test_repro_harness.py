@@ -232,7 +232,8 @@ def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
     # fixed counts, 2 per step: rank sums (8, 2), then (2, 13) with the filler, then (0, 4)
     assert cs.simulate(plan, 2, unit, accum=2)["seconds"] == pytest.approx(8 + 13 + 4)
     v = cs.simulate_variable(plan, 2, unit, accum=2)
-    # mean batch 2.5 (fillers dropped), a share of 5: rank 0 runs 4+4, rank 1 runs 1+1+4; then 1+1 and 4
-    assert v["steps"] == 2 and v["samples"] == 8 and v["seconds"] == pytest.approx(8 + 4)
-    assert v["straggler_eff"] == pytest.approx(((8 + 6) / 2 / 8 + (2 + 4) / 2 / 4) / 2)
+    # mean batch 2.5 (fillers dropped), a share of 5, each rank's next batch taken while it brings the sum
+    # nearer: rank 0 runs 4 | 4+1 | 1, rank 1 runs 1+1+4 | 4
+    assert v["steps"] == 3 and v["samples"] == 8 and v["seconds"] == pytest.approx(6 + 5 + 1)
+    assert v["straggler_eff"] == pytest.approx((5 / 6 + 4.5 / 5 + 0.5 / 1) / 3)
     assert cs.simulate_variable(plan, 2, unit, accum=2, num_rounds=3, round_s=0.5)["seconds"] == pytest.approx(13.5)
