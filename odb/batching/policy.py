@@ -110,28 +110,25 @@ def _profile(live: Sequence[Sequence[int]], slots: tuple[list[int], list[list[bo
              target: int) -> list[int]:
     """`BalancedPolicy.profile` of the ranks with data, given their `over_slots` (any target >= this one)."""
     levels = slots[0][:target]
-    if not levels:  # nobody lends: the bucket minima of the summaries as they are
-        out: list[int] = []
-        for b, m in enumerate((min(col) for col in list(zip(*live))[_HEAD + OVER:]), start=OVER):
-            if len(out) >= target:
-                break
-            out += [b] * m
-        return out[:target]
-    rows = []
-    for s, o in zip(live, slots[1]):
-        h = s[_HEAD + OVER:]
-        lend = o[:len(levels)].count(False)  # this rank's fullest groups that go into over-budget slots
-        if lend:
-            h = list(h)
-            for b in range(len(h)):
-                if h[b] >= lend:
-                    h[b] -= lend
-                    break
-                lend -= h[b]
-                h[b] = 0
-        rows.append(h)
+    if not levels:  # nobody lends: the bucket minima straight from the summaries' columns
+        cols = list(zip(*live))[_HEAD + OVER:]
+    else:
+        rows = []
+        for s, o in zip(live, slots[1]):
+            h = s[_HEAD + OVER:]
+            lend = o[:len(levels)].count(False)  # this rank's fullest groups that go into over-budget slots
+            if lend:
+                h = list(h)
+                for b in range(len(h)):
+                    if h[b] >= lend:
+                        h[b] -= lend
+                        break
+                    lend -= h[b]
+                    h[b] = 0
+            rows.append(h)
+        cols = list(zip(*rows))
     out = list(levels)
-    for b, m in enumerate((min(col) for col in zip(*rows)), start=OVER):  # per bucket, over ranks
+    for b, m in enumerate((min(col) for col in cols), start=OVER):  # per bucket, over ranks
         if len(out) >= target:
             break
         out += [b] * m
