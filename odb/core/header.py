@@ -115,7 +115,7 @@ class HeaderLayout:
         """The named fields of one gathered row; raises ValueError on a row of another length."""
         if len(row) != self.length:
             raise ValueError(f"header of {len(row)} ints, the layout holds {self.length}")
-        r = [int(v) for v in row]
+        r = list(map(int, row))  # ints whatever the transport handed (tensor items, numpy ints)
         s, d, i = self._sum, self._deal, self._intake
         return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:]))
 
