@@ -292,6 +292,20 @@ def target_lines(res: dict) -> list[str]:
     return lines
 
 
+def _needs() -> list[str]:
+    """Which methods read a length cache before the epoch, and which move samples between ranks (the flags
+    `bench_grid.METHODS` carries, from `odb.baselines.PEERS`)."""
+    from .bench_grid import METHODS as FLAGS
+
+    flags = {m.key: m for m in FLAGS}
+    lines = ["| method | length cache | moves samples |", "|---|---|---|"]
+    for k in METHODS:
+        f = flags[k]
+        lines.append(f"| {LABELS[k]} | {'yes' if f.length_cache else 'no'} | {'yes' if f.moves_samples else 'no'} |")
+    lines.append(f"| {LABELS[POOLED]} | no | within a host only (a host's window is shared) |")
+    return lines
+
+
 def _table(res: dict, cell) -> list[str]:
     cols = METHODS + (POOLED,)
     lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
@@ -320,6 +334,7 @@ def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") 
           f"Grid: W = {g['window']}, B = {g['budget']}, {g['per_rank']} samples per rank (8 W); costs by world "
           f"size {g['costs']}; paper-sized points {g['paper_points']} ((dist, N, samples per rank)).", "",
           "```", doc, "```", "", "## Targets (ODB dealt, N >= 64, W >= 256)", "", *target_lines(res), "",
+          "## What each method needs", "", *_needs(), "",
           "## Every point", "",
           "Each cell: straggler efficiency (budget cost) / steps vs sorted GMT / predicted throughput vs sorted GMT.",
           "", *_table(res, lambda m: f"{m['straggler_eff']:.3f} / {m['steps_vs_gmt']:.3f} / "

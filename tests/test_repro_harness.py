@@ -185,7 +185,7 @@ def test_cluster_seeds_average_and_equal_mean_control_keeps_the_cv():
     assert ctl["standard"]["samples"] == one[0]["standard"]["samples"] == 32
 
 
-def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_name_the_ceiling():
+def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_name_the_ceiling(tmp_path):
     from paper_repro import scale_grid as sg
 
     r = sg.run_point("sharegpt4o", 4, 16, 4096, "packed", 64)
@@ -208,6 +208,13 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
     assert "MISSED at 1/1" in missed[1] and "lower bound" in missed[1]
     assert "MISSED at 1/1" in missed[2] and "mean rank" in missed[2]
     assert sg.target_lines({"rows": [r], "targets": sg.TARGETS}) == ["- no point at N >= 64 and W >= 256 in this grid"]
+    grid = {"grid": {**sg.GRID_QUICK, "per_rank": 64}, "rows": [r], "targets": sg.TARGETS, "seconds": 1.0}
+    paths = sg.write(grid, str(tmp_path))
+    md = open(paths[1]).read()
+    assert "| Megatron DP-balanced | no | yes |" in md and "| HF rebalance | yes | no |" in md
+    assert not any(p.endswith(".png") for p in paths)  # the plot shows the padded points: none here
+    paths = sg.write({**grid, "rows": [{**r, "cost": "padded"}]}, str(tmp_path))
+    assert any(p.endswith(".png") for p in paths)  # the plot against N, per method
 
 
 def test_the_pooled_prototype_hands_each_hosts_batches_to_its_ranks_every_sample_once():
