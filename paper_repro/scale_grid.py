@@ -145,7 +145,7 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
     from odb.runtime.engine import header_layout
 
     from . import cluster_sim as cs
-    from .bench_grid import point, schedules
+    from .bench_grid import _exactly_once, point, schedules
     from .bench_metrics import metrics
 
     t0 = time.perf_counter()
@@ -171,6 +171,7 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
     if pooled and world >= 2 * HOST:
         t1 = time.perf_counter()
         rows, rounds = pooled_schedule(pt.sizes, pt.cost, world, window)
+        _exactly_once(rows, len(pt.sizes), f"{POOLED} N={world} W={window}")
         hosts, plan = world // HOST, _plan(rows, pt.sizes, world, filler)
         r_s = cs.odb_round_latency(cs.H20_2B, hosts, HOST * window,
                                    header_layout(default_policy().summary_len, HOST * window).length)[0]
