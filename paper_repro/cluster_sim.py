@@ -192,7 +192,8 @@ def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, ac
     counts), not a mode the runtime has: each rank runs its own batches in order (fillers dropped: no count
     has to match); in each optimizer step a rank runs at least one, and the next one while that brings its
     sum nearer to `accum` mean batches of compute (the epoch's mean over every real batch).  A step lasts as
-    long as its largest per-rank sum, plus the exposed all-reduce.  One budget-full micro-batch is about
+    long as its largest per-rank sum, plus the all-reduce less what hides behind the step's largest
+    micro-batch (`simulate` hides it behind each rank's last one: a slightly larger overlap here).  One budget-full micro-batch is about
     1 / `accum` of a step, so the counts quantize what they balance.  Returns seconds, samples, samples/s,
     straggler efficiency (mean over steps of mean / max per-rank sum) and the optimizer steps."""
     streams: list[list[float]] = [[] for _ in range(world_size)]

@@ -348,7 +348,7 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
     plots = write_plots(outdir, runs, sim, NAMES)
     scale_files = [os.path.basename(p) for p in scale_grid.write(scale, outdir, full)] if scale else []
     summ = _summary(runs, sim, full, elapsed_s, load, prices, previous or [], phases or {}, budget or {},
-                    name_meas, name_sim, plots + scale_files[1:])
+                    name_meas, name_sim, plots + [p for p in scale_files if p.endswith(".png")])
     if scale:
         summ += ["", f"## At cluster scale, predicted ([{scale_files[1]}]({scale_files[1]}))", "",
                  f"{len(scale['rows'])} points, 8 to {max(r['world'] for r in scale['rows'])} ranks, "

@@ -197,5 +197,5 @@ def test_replicas_sharing_each_deal_emit_what_replicas_dealing_alone_emit(drops)
     runs = [simulate([[] for _ in range(5)], cost, window=16, deal=order, share_deals=share) for share in (True, False)]
     assert runs[0].batches == runs[1].batches and runs[0].rounds == runs[1].rounds
     assert runs[0].reserve_taken == runs[1].reserve_taken and runs[0].targets == runs[1].targets
-    assert [s.dealt for s in runs[0].stats] == [s.dealt for s in runs[1].stats]
+    assert runs[0].unemitted == runs[1].unemitted and sum(map(len, runs[0].batches)) > 0
     assert (sum(runs[0].reserve_taken) > 0) == drops  # the reserve path is exercised where drops make it
