@@ -145,6 +145,22 @@ def test_every_rank_computes_the_same_profile_and_each_over_budget_slot_has_a_qu
         assert all(p.count(b) <= s[5 + b] for b in set(p) if b >= OVER)
 
 
+@settings(max_examples=60, deadline=None)
+@given(sums=rank_summaries, copies=st.integers(2, 40), targets=st.lists(st.integers(1, 60), min_size=1, max_size=4))
+def test_many_ranks_decide_as_few_do(sums, copies, targets):
+    """Every rank's summary posted by `copies` ranks in a row (rank-major: most of them past the first rows,
+    which the profile reads before a whole column) gives the proposal and the profiles of the ranks alone:
+    minima, and the quorum's k-th largest holding with k half the ranks, do not change when each rank is
+    repeated.  One policy answers the targets in turn (its memo serves a short profile from a longer one)."""
+    few = [_summary(*x) for x in sums]
+    many = [s for s in few for _ in range(copies)]
+    for window in (64, 1024):
+        assert default_policy().propose(many, window) == default_policy().propose(few, window)
+    pol = default_policy()
+    for t in targets:
+        assert pol.profile(many, t) == default_policy().profile(few, t)
+
+
 def _step_of(sim, rank, index):
     return next(k for k, b in enumerate(sim.batches[rank]) if b and index in b)
 
@@ -168,6 +184,15 @@ def test_over_budget_samples_of_half_the_ranks_are_emitted_in_the_same_slot():
     assert _step_of(sim, 0, 0) == _step_of(sim, 1, 7) == _step_of(sim, 2, 7) == 0
     for r, w in enumerate(ws):
         assert sorted(i for b in sim.batches[r] if b for i in b) == list(range(len(w) + len(tail)))
+
+
+@pytest.mark.parametrize("level", range(OVER))
+def test_an_over_budget_slot_opens_at_every_level(level):
+    h = [0] * NUM_BUCKETS
+    h[level], h[OVER] = 1, 3  # one lone over-budget sample of this level and 3 full groups, on both ranks
+    summaries = [_summary(300, False, h)] * 2
+    assert default_policy().profile(summaries, 4) == [level, OVER, OVER, OVER]
+    assert default_policy().propose(summaries, 64) == 4
 
 
 def test_an_over_budget_sample_below_the_quorum_is_carried_while_data_flows_and_leaves_at_the_end():

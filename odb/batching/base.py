@@ -28,6 +28,7 @@ The runtime checks every result against the table's contract and raises
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -92,6 +93,19 @@ class AlignmentPolicy(Protocol):
 
 
 def _takes_summaries(fn) -> bool:
+    f = getattr(fn, "__func__", fn)  # a bound method's function: the same object every round
+    try:
+        return _function_takes_summaries(f)
+    except TypeError:  # an unhashable callable: look at it every time
+        return _signature_takes_summaries(f)
+
+
+@functools.lru_cache(maxsize=256)
+def _function_takes_summaries(fn) -> bool:
+    return _signature_takes_summaries(fn)
+
+
+def _signature_takes_summaries(fn) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable without a signature: the old contract

@@ -35,6 +35,7 @@ measurements behind each rule, and the rules tried and not adopted:
 from __future__ import annotations
 
 from bisect import bisect_right
+from operator import itemgetter
 from typing import Sequence
 
 from ..errors import ProtocolError
@@ -56,6 +57,7 @@ _HEAD = 5  # [tag, n, exhausted, closed groups, all groups], then the fill histo
 # whose every rank holds at least _RESERVOIR_NEED full groups emits only half of them.
 _RESERVOIR_W = 256
 _RESERVOIR_NEED = 4
+_PROBE = 32  # `_profile` looks for a zero count among this many ranks before it reads a whole column
 
 
 _NEG_LOWER = [-e for e in _EDGES[1:]]  # bucket b's lower edge, negated: ascending, for bisect
@@ -110,27 +112,32 @@ def _profile(live: Sequence[Sequence[int]], slots: tuple[list[int], list[list[bo
              target: int) -> list[int]:
     """`BalancedPolicy.profile` of the ranks with data, given their `over_slots` (any target >= this one)."""
     levels = slots[0][:target]
-    if not levels:  # nobody lends: the bucket minima straight from the summaries' columns
-        cols = list(zip(*live))[_HEAD + OVER:]
-    else:
+    if levels:  # the bucket minima count each rank's groups after those it lends to over-budget slots
         rows = []
         for s, o in zip(live, slots[1]):
-            h = s[_HEAD + OVER:]
+            h = s[_HEAD:]
             lend = o[:len(levels)].count(False)  # this rank's fullest groups that go into over-budget slots
             if lend:
                 h = list(h)
-                for b in range(len(h)):
+                for b in range(OVER, NUM_BUCKETS):
                     if h[b] >= lend:
                         h[b] -= lend
                         break
                     lend -= h[b]
                     h[b] = 0
             rows.append(h)
-        cols = list(zip(*rows))
+        at = 0
+    else:  # nobody lends: straight from the summaries' columns
+        rows, at = live, _HEAD
+    head, tail = rows[:_PROBE], rows[_PROBE:]
     out = list(levels)
-    for b, m in enumerate((min(col) for col in cols), start=OVER):  # per bucket, over ranks
+    for b in range(OVER, NUM_BUCKETS):  # per bucket, costliest first, over ranks; only as far as the target
         if len(out) >= target:
             break
+        get = itemgetter(at + b)
+        m = min(map(get, head))
+        if m and tail:  # counts are >= 0: a zero among the first rows is the minimum (at many ranks, most buckets)
+            m = min(m, min(map(get, tail)))
         out += [b] * m
     return out[:target]
 
@@ -150,6 +157,8 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
 
 
 def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
+    if set(map(len, summaries)) <= {length} and set(map(itemgetter(0), summaries)) <= {SUMMARY_TAG}:
+        return  # every row has the layout (the common case, in two passes without a Python loop)
     for r, s in enumerate(summaries):
         if len(s) != length or s[0] != SUMMARY_TAG:
             raise ProtocolError(
@@ -177,7 +186,7 @@ class BalancedPolicy:
 
     def __init__(self) -> None:
         self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
-        self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]], dict] | None = None
+        self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]], list, list | None] | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
@@ -197,22 +206,33 @@ class BalancedPolicy:
     def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple[list, tuple[list[int], list[list[bool]]]]:
         """The summaries of the ranks with data and their `over_slots` (any target; memoized for
         the last summaries, so `propose` and `partition` of one round compute them once)."""
-        _check(summaries, self.summary_len)
+        # the rows as tuples (a decoded header's summary is one: kept as it is, so comparing the memo's
+        # key with the same rows costs an identity check per row, not N x S int comparisons)
         key = tuple(map(tuple, summaries))
         m = self._round
         if m is not None and m[0] == key:
             return m[1], m[2]
+        _check(key, self.summary_len)
         live = [s for s in key if s[1] > 0]
-        slots = over_slots([s[_HEAD:_HEAD + OVER] for s in live], 1 << 30)
-        self._round = (key, live, slots, {})
+        if any(any(map(itemgetter(_HEAD + b), live)) for b in range(OVER)):  # some rank holds an over-budget sample
+            over = [s[_HEAD:_HEAD + OVER] for s in live]
+            slots = over_slots(over, 1 << 30)
+            within = [s[3] - sum(o) for s, o in zip(live, over)]  # closed groups within budget, per rank
+        else:  # none does (the common case): no over-budget slot, nobody lends, every closed group is within budget
+            slots, within = ([], [[]] * len(live)), None
+        self._round = (key, live, slots, [0, []], within)
         return live, slots
 
     def _profile_of(self, live: list, slots: tuple, target: int) -> list[int]:
-        """`_profile` for this round's summaries (memoized per target with the round)."""
+        """`_profile` for this round's summaries, memoized with the round: a profile is the prefix, cut
+        to its target, of one list (a shorter profile than its target is that whole list), so the
+        longest one computed answers every target up to its own."""
         memo = self._round[3]
-        if target not in memo:
-            memo[target] = _profile(live, slots, target)
-        return memo[target]
+        done, prof = memo
+        if target > done and len(prof) == done:
+            memo[:] = target, _profile(live, slots, target)
+            done, prof = memo
+        return prof[:target]
 
     def profile(self, summaries: Sequence[Sequence[int]], target: int) -> list[int]:
         """The round's shared profile: a non-increasing-cost list of fill buckets, at most
@@ -245,13 +265,16 @@ class BalancedPolicy:
         live, slots = self._slots(summaries)
         if not live:
             return 1
-        if any(s[2] for s in live):
+        if any(map(itemgetter(2), live)):
             # epoch end: exhausted ranks flush every group, the profile no longer binds
             return max(1, min((s[4] if s[2] else s[3]) for s in live))
-        if slots[0]:
-            t = max(1, min(_fillable(s[3] - sum(s[_HEAD:_HEAD + OVER]), o) for s, o in zip(live, slots[1])))
+        within = self._round[4]
+        if within is None:  # no over-budget sample anywhere: `_fillable` of a rank is its closed groups
+            t = max(1, min(map(itemgetter(3), live)))
+        elif slots[0]:
+            t = max(1, min(map(_fillable, within, slots[1])))
         else:  # no over-budget slot: `_fillable` of a rank is its closed groups within budget
-            t = max(1, min(s[3] - sum(s[_HEAD:_HEAD + OVER]) for s in live))
+            t = max(1, min(within))
         if window >= _RESERVOIR_W and t >= _RESERVOIR_NEED:
             qt = min(len(slots[0]), t)  # the reservoir halves the ordinary slots only (module docstring)
             t = qt + (t - qt + 1) // 2
@@ -309,7 +332,7 @@ class BalancedPolicy:
         # sample (a step of its own cost) only when nothing else is left, cheapest first
         if len(taken) < real:
             rest = [k for ks in by_bucket for k in ks]
-            if any(s[2] for s in summaries if s[1] > 0):
+            if any(map(itemgetter(2), self._slots(summaries)[0])):
                 # epoch end: costliest first, so a rank holding more cost (over-budget samples
                 # carried this far) spends it while the other ranks still have batches to run
                 rest.sort(key=lambda k: (-closed[k].fill, k))

@@ -245,7 +245,7 @@ class RankCore:
                 return 0
             target, sizes = self._decision.target, [it.sizes for it in self._window]
             try:
-                groups = call_partition(self.policy, sizes, target, lo, self.cost, [list(h.summary) for h in self._rows])
+                groups = call_partition(self.policy, sizes, target, lo, self.cost, [h.summary for h in self._rows])
                 check_partition(groups, len(sizes), lo, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._fail(ProtocolError(

@@ -131,7 +131,7 @@ class Replicated:
             raise ProtocolError(f"round {self.round}: {len(rows)} headers for {self.world_size} ranks")
         self._agree(rows)
         headers = table_headers(rows, self.shared.header_len)
-        summaries = [list(h.summary) for h in rows]
+        summaries = [h.summary for h in rows]  # the decoded tuples, read only: a memo compares them by identity
         proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round)
         target = round_target(self.table, inputs, self.cfg)
         if self.order is not None and not self.order.done:

@@ -265,6 +265,17 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "1.0 - self.real_tokens / self.padded_tokens", "self.real_tokens / self.padded_tokens",
                ("tests/test_observe.py::test_the_pass_summary_is_logged_with_figures_recomputed_from_the_batches",),
                "the padding ratio reports the real share instead of the padding share"),
+    # -- the policy's fast paths at many ranks -----------------------------------------------------------------
+    CodeMutant("profile_skips_the_tail", "odb/batching/policy.py", "if m and tail:", "if m and not tail:",
+               ("tests/test_batching_policy.py::test_many_ranks_decide_as_few_do",),
+               "the profile's bucket minima read only the first ranks (the zero probe taken for the whole column)"),
+    CodeMutant("profile_memo_uncut", "odb/batching/policy.py", "        return prof[:target]\n", "        return prof\n",
+               ("tests/test_batching_policy.py::test_many_ranks_decide_as_few_do",),
+               "the profile memo answers a short target with the longer profile it holds"),
+    CodeMutant("over_budget_scan_misses_a_level", "odb/batching/policy.py",
+               "for b in range(OVER)):  # some rank holds", "for b in range(OVER - 1)):  # some rank holds",
+               ("tests/test_batching_policy.py::test_an_over_budget_slot_opens_at_every_level",),
+               "the fast check for over-budget samples misses the cheapest over-budget level"),
 )
 
 
