@@ -6,9 +6,12 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odb.batching import AlignmentPolicy, call_partition, check_partition, default_policy, make_cost_model, pack
-from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, fill_bucket, over_slots
-from odb.errors import ProtocolError
+from odb.batching import (AlignmentPolicy, BalancedPolicy, attention_coefficient, call_partition, check_partition,
+                          default_policy, make_cost_model, pack)
+from odb.batching.grouping import Group
+from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, aligned_fill, fill_bucket, over_slots
+from odb.core.shared import describe_policy
+from odb.errors import ConfigError, ProtocolError
 from odb.core.sim import simulate
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
@@ -47,6 +50,12 @@ def test_pack_covers_the_window_once_and_only_the_last_group_is_open(spec, windo
     assert all(g.closed for g in gs[:-1])
     for g in gs:
         assert len(g.positions) == 1 or cost.fits([window[p] for p in g.positions])
+
+
+def _fill(policy, window, positions, cost):
+    """The fill `policy` gives the group `positions` of `window` (rule 0 of `odb.batching.policy`)."""
+    g = Group(tuple(positions), True, cost.utilisation([window[i] for i in positions]))
+    return aligned_fill([g], window, cost, policy.attention)[0].fill
 
 
 def _summary(n, exhausted, hist, extra=0):
@@ -268,7 +277,7 @@ def test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost():
     assert len(prof) == t > 1
     for p, w in zip(pols, ws):
         groups = p.partition(w, t, t, cost, summaries=summaries)
-        fills = [cost.utilisation([w[i] for i in g]) for g in groups]
+        fills = [_fill(p, w, g, cost) for g in groups]
         assert [fill_bucket(f) for f in fills] == prof  # the k-th batch of every rank: the same bucket
         assert fills == sorted(fills, reverse=True)
 
@@ -311,7 +320,8 @@ def test_full_groups_fill_the_packed_budget():
     groups = pol.partition(w, s[3], s[3], cost)  # no summaries: the fullest closed groups
     fills = [cost.utilisation([w[p] for p in g]) for g in groups]
     assert min(fills) > 0.9 and sum(fills) / len(fills) > 0.98
-    assert fills == sorted(fills, reverse=True)  # emitted in decreasing cost
+    aligned = [_fill(pol, w, g, cost) for g in groups]
+    assert aligned == sorted(aligned, reverse=True)  # emitted in decreasing cost (the policy's fill)
 
 
 @pytest.mark.parametrize("kind", ["packed", "quadratic"])
@@ -330,3 +340,49 @@ def test_pack_fills_an_additive_budget_exactly_and_never_one_token_over(kind, bu
         pair = pack([(a,), (budget - a,)], cost)
         assert len(pair) == 1 and pair[0].fill == 1.0  # exactly the budget fits in one group
         assert len(pack([(a,), (budget - a + 1,)], cost)) == 2  # one token over does not
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+@settings(max_examples=80, deadline=None)
+@given(window=st.lists(st.tuples(st.integers(0, 12000)), min_size=1, max_size=60),
+       attention=st.sampled_from([0.0, 1 / 24576, 1 / 1000, 0.01]))
+def test_the_attention_aware_fill_keeps_the_budget_line(kind, window, attention):
+    cost = _cost(kind, 8192)
+    plain = pack(window, cost)
+    aligned = aligned_fill(plain, window, cost, attention)
+    assert [(g.positions, g.closed) for g in aligned] == [(g.positions, g.closed) for g in plain]
+    for a, p in zip(aligned, plain):
+        if attention == 0:
+            assert a.fill == p.fill
+        assert (a.fill > 1.0) == (p.fill > 1.0)  # within budget at most 1; a lone over-budget sample above 1
+        assert a.fill <= p.fill * (1 + 1e-12) or p.fill > 1.0  # attention only lowers what fits
+
+
+def test_the_attention_term_weighs_one_long_sample_above_many_short_ones_of_the_same_tokens():
+    w = [(8192,)] + [(1024,)] * 8
+    for kind in ("padded", "packed"):
+        cost = _cost(kind, 8192)
+        long_, short = Group((0,), True, 1.0), Group(tuple(range(1, 9)), True, 1.0)
+        lf, sf = (g.fill for g in aligned_fill([long_, short], w, cost, default_policy().attention))
+        assert lf == pytest.approx(1.0) and sf == pytest.approx((1 + 1024 / 24576) / (1 + 8192 / 24576))
+        assert [g.fill for g in aligned_fill([long_, short], w, cost, 0.0)] == [1.0, 1.0]
+    a, mixed = 1 / 24576, [(1000,), (500,)]  # padded: both rows padded to 1000; packed: each its own length
+    for kind, weight in (("padded", 2 * 1000 * (1 + 1000 * a)), ("packed", 1000 * (1 + 1000 * a) + 500 * (1 + 500 * a))):
+        got = aligned_fill([Group((0, 1), True, 0.0)], mixed, _cost(kind, 8192), a)[0].fill
+        assert got == pytest.approx(weight / (8192 * (1 + 8192 * a)))
+    quad = _cost("quadratic", 8192)  # a quadratic budget weighs attention itself: its fill is kept
+    assert aligned_fill([Group((0,), True, 0.5)], w, quad, 1 / 24576)[0].fill == 0.5
+
+
+@pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf"), True, "0.1", None])
+def test_attention_must_be_a_finite_number_at_least_zero(bad):
+    with pytest.raises(ConfigError, match="attention"):
+        BalancedPolicy(attention=bad)
+
+
+def test_attention_coefficient_and_the_construction_check_sees_it():
+    assert attention_coefficient(28, 2048, 2.1e9) == pytest.approx(1 / 36621, rel=1e-4)
+    with pytest.raises(ConfigError):
+        attention_coefficient(0, 2048, 2.1e9)
+    assert describe_policy(BalancedPolicy(attention=0)) != describe_policy(default_policy())
+    assert describe_policy(BalancedPolicy()) == describe_policy(default_policy())

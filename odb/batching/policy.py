@@ -5,11 +5,19 @@ Legend
     f_r     closed (full) groups rank r can form from its window (`grouping.pack`); c_r all its groups
     x_r     rank r's data source is exhausted
     o_r     rank r's lone over-budget samples; e_r the over-budget slots it fills with its own (`over_slots`)
-    u       a group's fill: its cost / budget (`CostModel.utilisation`); h_r[b] rank r's closed groups
-            whose fill falls in bucket b (`fill_bucket`: 0.025 of the budget wide from 0.5 to 1)
+    u       a group's fill (rule 0); h_r[b] rank r's closed groups whose fill falls in bucket b
+            (`fill_bucket`: 0.025 wide from 0.5 to 1)
+    a       the policy's ``attention``: the weight of a token's attention work against its linear work,
+            per token of context (`attention_coefficient`; default ``QUADRATIC_B`` = 1/24576)
     T       the round's target: batches per rank
 
 The rule, a function of the gathered summaries only (every rank computes the same target):
+
+0. The fill: a group's cost over the budget (`CostModel.utilisation`), except under a one-resource
+   padded or packed budget B, where each sample of L tokens weighs ``L (1 + a L)`` (padded: each padded
+   to the group's longest, ``n Lmax (1 + a Lmax)``) and the fill is the group's weight over
+   ``B (1 + a B)`` (`aligned_fill`).  A group within budget then has a fill of at most 1, a lone
+   over-budget sample more than 1, as with the plain fill (``a = 0`` gives the plain fill exactly).
 
 1. The need: ``max(1, min over ranks with data of (c_r if x_r else f_r))`` once some rank is
    exhausted (the epoch end), else ``max(1, min of (f_r - o_r + e_r))`` (`_fillable`): every rank
@@ -28,8 +36,11 @@ The rule, a function of the gathered summaries only (every rank computes the sam
    groups than the window forms split the largest (never below one sample).
 
 Why: a DDP step lasts as long as its slowest rank, so the k-th batches of all ranks should cost the
-same; the released package aligned to the largest group count and peeled singletons instead.  The
-measurements behind each rule, and the rules tried and not adopted:
+same; the released package aligned to the largest group count and peeled singletons instead.  Rule 0:
+equal padded (or packed) tokens are not equal time, attention grows with L^2, so groups of the same
+budget fill ran up to 22% apart in step time; aligned on the attention-aware fill, ODB's predicted
+throughput at 8-256 ranks rose 1-8% (``docs/decisions/2026-12-01-attention-aware-fill.md``).  The
+measurements behind the other rules, and the rules tried and not adopted:
 ``docs/decisions/2026-11-29-alignment-policy.md``.
 """
 from __future__ import annotations
@@ -38,15 +49,16 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Sequence
 
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from .base import CostModel, Sizes
+from .cost import QUADRATIC_B, BudgetCost
 from .grouping import Group, pack
 
 __all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "OVER", "fill_bucket",
-           "over_slots"]
+           "over_slots", "aligned_fill", "attention_coefficient"]
 
-# Identifies this policy's summary layout and decision rule (version 3: the over-budget quorum).
-SUMMARY_TAG = 0x0DB3
+# Identifies this policy's summary layout and decision rule (version 4: the attention-aware fill).
+SUMMARY_TAG = 0x0DB4
 # Bucket upper edges in 1/1000 of the budget, costliest first: over budget in 6 steps (a lone
 # over-budget sample may cost up to several budgets), then widths of 0.025 down to 0.5, then the rest.
 _EDGES = (10**9, 3000, 2000, 1500, 1250, 1100) + tuple(range(1000, 475, -25))
@@ -67,6 +79,40 @@ def fill_bucket(fill: float) -> int:
     """Bucket of a group's fill (cost / budget), 0 the costliest: bucket b holds fills in
     ``(_EDGES[b+1], _EDGES[b]]`` thousandths; the last bucket holds 0.5 and less."""
     return bisect_right(_NEG_LOWER, -int(round(1000 * fill)))
+
+
+def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: float) -> float:
+    """``a`` for a decoder of `num_layers` layers of width `hidden_size` and `num_parameters` weights:
+    ``num_layers * hidden_size / num_parameters``.  Causal attention costs about ``6 num_layers
+    hidden_size L^2`` FLOPs per sequence of L tokens (forward and backward), the weights ``6
+    num_parameters`` per token, so a sample of L tokens costs ``6 num_parameters L (1 + a L)``
+    (e.g. 28 layers of 2048 and 2.1e9 weights: a = 1/36621)."""
+    if min(num_layers, hidden_size, num_parameters) <= 0:
+        raise ConfigError(f"attention_coefficient needs positive sizes, got {num_layers}, {hidden_size}, "
+                          f"{num_parameters}")
+    return num_layers * hidden_size / float(num_parameters)
+
+
+def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostModel,
+                 attention: float) -> list[Group]:
+    """`groups` of `window` with the fill of the module docstring's rule 0: the same groups when it is
+    the plain fill (``attention == 0``, or a cost other than a one-resource padded or packed budget;
+    a quadratic budget weighs attention itself)."""
+    if not attention or not isinstance(cost, BudgetCost) or len(cost.resources) != 1 \
+            or cost.resources[0].kind not in ("padded", "packed"):
+        return list(groups)
+    r, a = cost.resources[0], float(attention)
+    i, norm = r.index, r.budget * (1.0 + a * r.budget)
+    out = []
+    for g in groups:
+        ls = [(s[i] if i < len(s) else 0) for s in map(window.__getitem__, g.positions)]
+        if r.kind == "padded":
+            top = max(ls)
+            w = len(ls) * top * (1.0 + a * top)
+        else:
+            w = sum(ls) + a * sum(x * x for x in ls)
+        out.append(Group(g.positions, g.closed, w / norm))
+    return out
 
 
 def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], list[list[bool]]]:
@@ -184,13 +230,21 @@ class BalancedPolicy:
 
     summary_len = _HEAD + NUM_BUCKETS
 
-    def __init__(self) -> None:
+    def __init__(self, attention: float = QUADRATIC_B) -> None:
+        """:param attention: ``a`` of the fill (module docstring, rule 0; `attention_coefficient` gives it
+            for a model); 0 aligns on the plain budget fill.  A public attribute: the construction check
+            compares it across ranks.
+        :raises ConfigError: a negative or non-finite value."""
+        if isinstance(attention, bool) or not isinstance(attention, (int, float)) or not 0 <= attention < float("inf"):
+            raise ConfigError(f"BalancedPolicy attention must be a finite number >= 0, got {attention!r}; "
+                              "the groups' fills could not be compared; pass e.g. attention_coefficient(...) or 0")
+        self.attention = float(attention)
         self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
         self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]], list, list | None] | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
-        """`grouping.pack` of the window (memoized for the last window)."""
+        """`grouping.pack` of the window, with the fills of rule 0 (memoized for the last window)."""
         return self._packed(window, cost)[0]
 
     def _packed(self, window: Sequence[Sizes], cost: CostModel) -> tuple[list[Group], list[int]]:
@@ -199,7 +253,7 @@ class BalancedPolicy:
         m = self._memo
         if m is not None and m[1] is cost and m[0] == key:
             return m[2], m[3]
-        g = pack(window, cost)
+        g = aligned_fill(pack(window, cost), window, cost, self.attention)
         self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g])
         return self._memo[2], self._memo[3]
 
@@ -305,7 +359,9 @@ class BalancedPolicy:
             g = chosen[i]
             half = (len(g) + 1) // 2
             chosen[i:i + 1] = [g[:half], g[half:]]
-        return sorted(chosen, key=lambda g: -cost.utilisation([window[p] for p in g]))
+        fills = aligned_fill([Group(tuple(g), True, cost.utilisation([window[p] for p in g])) for g in chosen],
+                             window, cost, self.attention)
+        return [list(g.positions) for g in sorted(fills, key=lambda g: -g.fill)]
 
     def _pick(self, window: Sequence[Sizes], closed: list[Group], bucket: list[int], real: int,
               summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:
@@ -343,5 +399,6 @@ class BalancedPolicy:
 
 
 def default_policy() -> BalancedPolicy:
-    """The policy ODB uses unless told otherwise (a fresh instance per rank)."""
+    """The policy ODB uses unless told otherwise (a fresh instance per rank): `BalancedPolicy` with the
+    default ``attention`` (1/24576, verl's workload estimate ``24576 L + L^2``)."""
     return BalancedPolicy()

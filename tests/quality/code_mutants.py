@@ -276,6 +276,19 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "for b in range(OVER)):  # some rank holds", "for b in range(OVER - 1)):  # some rank holds",
                ("tests/test_batching_policy.py::test_an_over_budget_slot_opens_at_every_level",),
                "the fast check for over-budget samples misses the cheapest over-budget level"),
+    # -- the attention-aware fill (rule 0) ---------------------------------------------------------------------
+    CodeMutant("fill_ignores_attention", "odb/batching/policy.py",
+               "g = aligned_fill(pack(window, cost), window, cost, self.attention)", "g = pack(window, cost)",
+               ("tests/test_batching_policy.py::test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost",),
+               "the policy buckets and orders groups by the plain budget fill although attention is set"),
+    CodeMutant("padded_weight_without_padding", "odb/batching/policy.py",
+               "w = len(ls) * top * (1.0 + a * top)", "w = sum(ls) * (1.0 + a * top)",
+               ("tests/test_batching_policy.py::test_the_attention_term_weighs_one_long_sample_above_many_short_ones_of_the_same_tokens",),
+               "the padded weight counts real tokens, not the rows padded to the longest"),
+    CodeMutant("attention_unchecked", "odb/batching/policy.py",
+               "or not 0 <= attention < float(\"inf\"):", "or False:",
+               ("tests/test_batching_policy.py::test_attention_must_be_a_finite_number_at_least_zero",),
+               "a negative or non-finite attention is accepted"),
 )
 
 
