@@ -46,7 +46,7 @@ measurements behind the other rules, and the rules tried and not adopted:
 from __future__ import annotations
 
 from bisect import bisect_right
-from operator import itemgetter
+from operator import itemgetter, mul
 from typing import Sequence
 
 from ..errors import ConfigError, ProtocolError
@@ -95,23 +95,25 @@ def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: flo
 
 def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostModel,
                  attention: float) -> list[Group]:
-    """`groups` of `window` with the fill of the module docstring's rule 0: the same groups when it is
-    the plain fill (``attention == 0``, or a cost other than a one-resource padded or packed budget;
-    a quadratic budget weighs attention itself)."""
+    """`groups` of `window` (each with its plain fill, ``cost.utilisation`` of its samples, as `pack` gives
+    it) with the fill of the module docstring's rule 0: the same groups when that is the plain fill
+    (``attention == 0``, or a cost other than a one-resource padded or packed budget; a quadratic budget
+    weighs attention itself)."""
     if not attention or not isinstance(cost, BudgetCost) or len(cost.resources) != 1 \
             or cost.resources[0].kind not in ("padded", "packed"):
         return list(groups)
     r, a = cost.resources[0], float(attention)
-    i, norm = r.index, r.budget * (1.0 + a * r.budget)
+    B = r.budget
+    if r.kind == "padded":  # a group's plain fill is n Lmax / B: its longest is fill B / n, no pass over samples
+        scale = 1.0 / (1.0 + a * B)
+        return [Group(g.positions, g.closed, g.fill * (1.0 + a * g.fill * B / len(g.positions)) * scale)
+                for g in groups]
+    i, norm = r.index, B * (1.0 + a * B)
+    lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
     out = []
     for g in groups:
-        ls = [(s[i] if i < len(s) else 0) for s in map(window.__getitem__, g.positions)]
-        if r.kind == "padded":
-            top = max(ls)
-            w = len(ls) * top * (1.0 + a * top)
-        else:
-            w = sum(ls) + a * sum(x * x for x in ls)
-        out.append(Group(g.positions, g.closed, w / norm))
+        ls = list(map(lens.__getitem__, g.positions))
+        out.append(Group(g.positions, g.closed, (sum(ls) + a * sum(map(mul, ls, ls))) / norm))
     return out
 
 
