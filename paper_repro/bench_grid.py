@@ -78,12 +78,13 @@ OFFLINE = ("gmt", "bmt", "standard_bs1", "standard_eq")
 SIMULATED = ("odb", "odb_dealt", "release_reimpl")
 
 
-def schedules(pt: Point, world: int, window: int, methods: Sequence[str]) -> dict:
+def schedules(pt: Point, world: int, window: int, methods: Sequence[str], targets: dict | None = None) -> dict:
     """``{method: (rows, row_sizes, extra)}`` for each of `methods` on one point: its exact schedule
     (``rows[rank][step]``, indices into ``row_sizes``, None for a filler), checked to hold every sample
     exactly once (Standard at batch 1 is not materialized: ``rows`` is None, ``extra`` its steps), and
     ``extra``: planning or simulation figures (``plan_s``; the simulated ones' rounds and decision time).
-    ``standard_eq`` is Standard at the memory-equivalent batch size (``extra["batch_size"]``)."""
+    ``standard_eq`` is Standard at the memory-equivalent batch size (``extra["batch_size"]``).
+    ``targets``: a dict that receives, per simulated method, each round's target (its steps, in PAD mode)."""
     sizes, cost = pt.sizes, pt.cost
     peers = {p.key: p for p in PEERS}
     out = {}
@@ -110,6 +111,8 @@ def schedules(pt: Point, world: int, window: int, methods: Sequence[str]) -> dic
             else:
                 sim = simulate(pt.shards, cost, window=window, mode="pad", policy=factory)
                 rows, row_sizes = _sim_rows(sim, pt.starts), pt.order_sizes
+            if targets is not None:
+                targets[name] = list(sim.targets)
             extra = {"rounds": sim.rounds, "decision_ms": 1e3 * sum(sim.decision_s) / len(sim.decision_s),
                      "decision_ms_max": 1e3 * max(sim.decision_s)}
         else:

@@ -23,7 +23,9 @@ each schedule holds every sample exactly once):
 Beside them, at N >= 64, one structural option as a PROTOTYPE (``odb_pooled8``, `pooled_schedule`): the
 windows of each host's 8 ranks pooled, ODB's rank core once per host, only hosts aligned through the round
 collective.  It is not what ships (the runtime has no window shared across processes); it measures what
-building it would buy.
+building it would buy.  A second PROTOTYPE (``odb_exchange``, `exchange_schedule`) runs where the first
+does: ODB's own batches, each round's re-dealt across the ranks in decreasing fill (whole batches move
+between ranks; the share moved is reported).
 
 Scores, per method:
 
@@ -62,7 +64,7 @@ __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
 METHODS = ("gmt", "gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "kk_micro", "release_reimpl", "odb_dealt")
-LABELS = {"odb_pooled8": "ODB pooled per host of 8 (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
+LABELS = {"odb_pooled8": "ODB pooled per host of 8 (prototype)", "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
           "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
           "odb_dealt": "ODB (dealt, default)"}
 # Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
@@ -77,6 +79,7 @@ GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_r
 # where it runs (the quick grid: the padded points at N >= 64; the full grid: every point at N >= 64).
 HOST = 8
 POOLED = "odb_pooled8"
+EXCHANGE = "odb_exchange"  # the second structural prototype (`exchange_schedule`), where the pooled one runs
 # Micro-batches per optimizer step in the second step-model view (DDP no_sync / gradient accumulation, the
 # same count on every rank; `cluster_sim.simulate`'s ``accum``); the targets read the first view (1).
 ACCUM = 4
@@ -137,6 +140,61 @@ def pooled_schedule(sizes, cost, world: int, window: int, host: int = HOST) -> t
     return rows, sim.rounds
 
 
+def exchange_schedule(rows, sizes, cost, targets: Sequence[int]) -> tuple[list, dict]:
+    """PROTOTYPE of a structural option, not what ships: a round's batches exchanged between ranks.
+
+    ODB's own batches (``rows[rank][step]``, PAD mode, round k holding the next ``targets[k]`` steps on
+    every rank), re-dealt within each round: the round's real batches of all ranks in decreasing fill
+    (the default policy's, `odb.batching.policy.aligned_fill`; ties by rank, then step), the first N to
+    its first step, the next N to the second, and so on (fillers where fewer are left).  A batch stays on
+    its own rank while that rank is free in its step, else it moves to the lowest free rank: whole
+    batches move, never within one.  What the runtime would need and does not have: each batch's fill in
+    the round's header (``T`` ints per rank, gathered: N x T per round) and a transfer of the moved
+    batches' tensors before their steps (new table rows, proved).  Returns the rows and the movement:
+    ``moved_batches`` and ``moved_tokens`` (shares of all), ``header_ints_max`` (the largest N x T)."""
+    from odb.batching import default_policy
+    from odb.batching.grouping import Group
+    from odb.batching.policy import aligned_fill
+
+    world, steps = len(rows), max(len(r) for r in rows)
+    attention = default_policy().attention
+    out: list[list] = [[None] * steps for _ in range(world)]
+    moved = moved_tok = real = tok = 0
+    bounds, s0 = [], 0
+    for t in targets:
+        if s0 >= steps:
+            break
+        bounds.append((s0, min(steps, s0 + t)))
+        s0 += t
+    if s0 < steps:
+        bounds.append((s0, steps))
+    for a, b in bounds:
+        items = []
+        for k in range(a, b):
+            for r in range(world):
+                bt = rows[r][k] if k < len(rows[r]) else None
+                if bt is not None:
+                    g = Group(tuple(bt), True, cost.utilisation([sizes[i] for i in bt]))
+                    items.append((-aligned_fill([g], sizes, cost, attention)[0].fill, r, k, bt))
+        items.sort(key=lambda x: x[:3])
+        real += len(items)
+        for j in range(0, len(items), world):
+            step, free, go = a + j // world, set(range(world)), []
+            for it in items[j:j + world]:
+                n_tok = sum(sizes[i][0] for i in it[3])
+                tok += n_tok
+                if it[1] in free:
+                    free.discard(it[1])
+                    out[it[1]][step] = it[3]
+                else:
+                    go.append((it, n_tok))
+            for (it, n_tok), r in zip(go, sorted(free)):
+                out[r][step] = it[3]
+                moved, moved_tok = moved + 1, moved_tok + n_tok
+    return out, {"moved_batches": moved / max(1, real), "moved_tokens": moved_tok / max(1, tok),
+                 "header_ints_max": world * max((b - a for a, b in bounds), default=0)}
+
+
 def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0,
               pooled: bool = False) -> dict:
     """Every method of `METHODS` on one point, both scores (module docstring)."""
@@ -158,7 +216,8 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
     out = {"dist": dist, "world": world, "window": window, "budget": budget, "cost": kind, "per_rank": per_rank,
            "samples": len(pt.sizes), "lower_bound": step_lower_bound(pt.sizes, pt.cost, world), "methods": {}}
     methods = [m for m in METHODS if not (m == "release_reimpl" and kind == "quadratic")]
-    for name, (rows, row_sizes, extra) in schedules(pt, world, window, methods).items():
+    round_steps: dict = {}
+    for name, (rows, row_sizes, extra) in schedules(pt, world, window, methods, round_steps).items():
         m = {**metrics(rows, row_sizes, pt.cost), **extra}
         plan = _plan(rows, row_sizes, world, filler)
         m["predicted"] = _predicted(plan, world, collate, round_cost.get(name, 0.0), extra.get("rounds", 0), 1)
@@ -168,6 +227,17 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
             v = cs.simulate_variable(plan, world, cs.H20_2B, ACCUM, extra.get("rounds", 0), round_cost[name], collate)
             m["predicted_variable"] = {k: v[k] for k in ("seconds", "samples_per_s", "straggler_eff", "steps")}
         out["methods"][name] = m
+        if name == "odb_dealt" and pooled:  # the exchange prototype, on ODB's own batches and rounds
+            t1 = time.perf_counter()
+            ex, moved = exchange_schedule(rows, row_sizes, pt.cost, round_steps[name])
+            _exactly_once(ex, len(pt.sizes), f"{EXCHANGE} N={world} W={window}")
+            plan = _plan(ex, row_sizes, world, filler)
+            e = {**metrics(ex, row_sizes, pt.cost), **moved, "rounds": extra["rounds"]}
+            r_s = round_cost[name] + cs.H20_2B.allgather(world, 8 * moved["header_ints_max"] / world)  # + the fills
+            e["predicted"] = _predicted(plan, world, collate, r_s, extra["rounds"], 1)
+            e["predicted_accum"] = _predicted(plan, world, collate, r_s, extra["rounds"], ACCUM)
+            e["sim_s"] = time.perf_counter() - t1
+            out["methods"][EXCHANGE] = e
     if pooled and world >= 2 * HOST:
         t1 = time.perf_counter()
         rows, rounds = pooled_schedule(pt.sizes, pt.cost, world, window)
@@ -266,18 +336,23 @@ def target_lines(res: dict) -> list[str]:
                      f"{sum(1 for x, _, _ in var if x >= t['throughput_vs_gmt'])}/{len(var)} points; worst {v:.3f} at "
                      f"{_where(r)}; straggler efficiency per optimizer step {min(x for _, x, _ in var):.3f}-"
                      f"{max(x for _, x, _ in var):.3f}")
-    pool = [r for r in pts if POOLED in r["methods"]]
-    if pool:
-        def rng(key, m):
+    for proto, what in ((POOLED, f"`pooled_schedule`: windows pooled per host of {HOST}"),
+                        (EXCHANGE, "`exchange_schedule`: each round's batches re-dealt across ranks by fill")):
+        pool = [r for r in pts if proto in r["methods"]]
+        if not pool:
+            continue
+
+        def rng(key, m, pool=pool):
             v = [(r["methods"][m][key] if key in r["methods"][m] else r["methods"][m]["predicted"][key]) for r in pool]
             return f"{min(v):.3f}-{max(v):.3f}"
-        better = sum(1 for r in pool if r["methods"][POOLED]["predicted"]["samples_per_s"]
+        better = sum(1 for r in pool if r["methods"][proto]["predicted"]["samples_per_s"]
                      > odb(r)["predicted"]["samples_per_s"])
-        lines.append(f"- structural option, a prototype (`pooled_schedule`: windows pooled per host of {HOST}), at "
-                     f"{len(pool)} points: straggler efficiency {rng('straggler_eff', POOLED)} (ODB dealt "
-                     f"{rng('straggler_eff', 'odb_dealt')}), steps {rng('steps_vs_gmt', POOLED)} x GMT "
-                     f"({rng('steps_vs_gmt', 'odb_dealt')}), predicted throughput {rng('throughput_vs_gmt', POOLED)} x GMT "
-                     f"({rng('throughput_vs_gmt', 'odb_dealt')}); faster than ODB dealt at {better}/{len(pool)}")
+        moved = f"; batches moved {rng('moved_batches', proto)}" if proto == EXCHANGE else ""
+        lines.append(f"- structural option, a prototype ({what}), at "
+                     f"{len(pool)} points: straggler efficiency {rng('straggler_eff', proto)} (ODB dealt "
+                     f"{rng('straggler_eff', 'odb_dealt')}), steps {rng('steps_vs_gmt', proto)} x GMT "
+                     f"({rng('steps_vs_gmt', 'odb_dealt')}), predicted throughput {rng('throughput_vs_gmt', proto)} x GMT "
+                     f"({rng('throughput_vs_gmt', 'odb_dealt')}); faster than ODB dealt at {better}/{len(pool)}{moved}")
     for peer in BEATS + ("kk_micro",):
         on = [r for r in pts if peer in r["methods"]]
         if not on:
@@ -304,11 +379,12 @@ def _needs() -> list[str]:
         f = flags[k]
         lines.append(f"| {LABELS[k]} | {'yes' if f.length_cache else 'no'} | {'yes' if f.moves_samples else 'no'} |")
     lines.append(f"| {LABELS[POOLED]} | no | within a host only (a host's window is shared) |")
+    lines.append(f"| {LABELS[EXCHANGE]} | no | yes: whole batches, within a round (the share is in the results) |")
     return lines
 
 
 def _table(res: dict, cell) -> list[str]:
-    cols = METHODS + (POOLED,)
+    cols = METHODS + (POOLED, EXCHANGE)
     lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
              "|" + "---|" * (4 + len(cols))]
     key = lambda r: (r["cost"], r["dist"], r["world"], r["per_rank"])  # noqa: E731
@@ -369,8 +445,8 @@ def _plot(res: dict, path: str) -> str | None:
     fig, ax = plt.subplots(2, len(dists), figsize=(3.2 * len(dists), 6), squeeze=False, sharex=True)
     for j, d in enumerate(dists):
         rr = sorted((r for r in rows if r["dist"] == d), key=lambda r: r["world"])
-        for m in METHODS + (POOLED,):
-            lw, ls = (2.5 if m == "odb_dealt" else 1.0), ("--" if m == POOLED else "-")
+        for m in METHODS + (POOLED, EXCHANGE):
+            lw, ls = (2.5 if m == "odb_dealt" else 1.0), ("--" if m in (POOLED, EXCHANGE) else "-")
             xy = [(r["world"], r["methods"][m]) for r in rr if m in r["methods"]]
             if not xy:
                 continue

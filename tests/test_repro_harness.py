@@ -230,6 +230,21 @@ def test_the_pooled_prototype_hands_each_hosts_batches_to_its_ranks_every_sample
     r = sg.run_point("mmmix", 16, 8, 4096, "padded", 32, pooled=True)
     assert sg.POOLED in r["methods"] and r["methods"][sg.POOLED]["predicted"]["samples_per_s"] > 0
     assert sg.POOLED not in sg.run_point("mmmix", 8, 8, 4096, "padded", 32, pooled=True)["methods"]  # one host
+    assert 0 <= r["methods"][sg.EXCHANGE]["moved_batches"] <= 1  # the exchange prototype runs beside it
+
+
+def test_the_exchange_prototype_re_deals_a_rounds_batches_by_fill_moving_a_batch_only_when_its_rank_is_taken():
+    from paper_repro import scale_grid as sg
+    from odb.batching import make_cost_model
+
+    sizes, cost = [(90,), (80,), (40,), (30,), (60,), (50,)], make_cost_model("padded", 100)
+    rows = [[[0], [1], [4]], [[2], [3], None]]  # round 1: steps 0-1; round 2: step 2 (one batch and a filler)
+    out, moved = sg.exchange_schedule(rows, sizes, cost, [2, 1])
+    # round 1 in decreasing fill: 0 (rank 0), 1 (rank 0: taken in step 0, moves to rank 1), 2 (rank 1), 3 (moves)
+    assert out == [[[0], [3], [4]], [[1], [2], None]]
+    assert moved["moved_batches"] == pytest.approx(2 / 5) and moved["moved_tokens"] == pytest.approx(110 / 300)
+    assert moved["header_ints_max"] == 2 * 2
+    assert sg.exchange_schedule(rows, sizes, cost, [1, 1, 1])[0] == rows  # one step per round: nothing to re-deal
 
 
 def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
