@@ -155,10 +155,14 @@ class ODBBatches:
         except (ImportError, AttributeError) as e:
             raise MethodUnavailable(f"odb_{mode}: odb.ODBDataLoader is not importable ({e})") from None
         self.odb, self.mode = odb, mode
+        from odb.batching import BalancedPolicy
+
+        att = spec.get("attention")  # the policy's attention term (`RunSpec.attention`); None: the default policy
+        policy = BalancedPolicy(attention=att) if att is not None else None
         self.loader = loader_cls(ds, token_budget=spec["budget"], collate_fn=collate_pad, length_fn=sample_len,
                                  shuffle=True, seed=spec["seed"], num_workers=0,
                                  buffer_size=spec.get("window", 256), mode=mode, cost="padded",
-                                 loss_basis="label_tokens", timeout_s=spec.get("timeout_s", 120))
+                                 loss_basis="label_tokens", timeout_s=spec.get("timeout_s", 120), policy=policy)
         self.setup_s, self.notes = 0.0, f"mode={mode}, window={spec.get('window', 256)}, no length cache"
 
     def close(self) -> None:

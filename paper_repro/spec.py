@@ -35,6 +35,7 @@ class RunSpec:
     budget: int = 768
     epochs: int = 3
     window: int = 256
+    attention: float | None = None   # ODB's policy attention term (`odb.batching.BalancedPolicy`); None: its default
     bmt_bucket: int = 4096
     methods: list = field(default_factory=list)
     timeout_s: float = 120
