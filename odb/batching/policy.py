@@ -93,6 +93,9 @@ def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: flo
     return num_layers * hidden_size / float(num_parameters)
 
 
+_group = tuple.__new__  # builds a `Group` from its three fields without NamedTuple's Python-level __new__
+
+
 def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostModel,
                  attention: float) -> list[Group]:
     """`groups` of `window` (each with its plain fill, ``cost.utilisation`` of its samples, as `pack` gives
@@ -106,14 +109,14 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
     B = r.budget
     if r.kind == "padded":  # a group's plain fill is n Lmax / B: its longest is fill B / n, no pass over samples
         scale = 1.0 / (1.0 + a * B)
-        return [Group(g.positions, g.closed, g.fill * (1.0 + a * g.fill * B / len(g.positions)) * scale)
+        return [_group(Group, (g.positions, g.closed, g.fill * (1.0 + a * g.fill * B / len(g.positions)) * scale))
                 for g in groups]
     i, norm = r.index, B * (1.0 + a * B)
     lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
     out = []
     for g in groups:
         ls = list(map(lens.__getitem__, g.positions))
-        out.append(Group(g.positions, g.closed, (sum(ls) + a * sum(map(mul, ls, ls))) / norm))
+        out.append(_group(Group, (g.positions, g.closed, (sum(ls) + a * sum(map(mul, ls, ls))) / norm)))
     return out
 
 
