@@ -39,7 +39,8 @@ Why: a DDP step lasts as long as its slowest rank, so the k-th batches of all ra
 same; the released package aligned to the largest group count and peeled singletons instead.  Rule 0:
 equal padded (or packed) tokens are not equal time, attention grows with L^2, so groups of the same
 budget fill ran up to 22% apart in step time; aligned on the attention-aware fill, ODB's predicted
-throughput at 8-256 ranks rose 1-8% (``docs/decisions/2026-12-01-attention-aware-fill.md``).  The
+throughput at 8-256 ranks rose by up to 8.7% and fell nowhere (36 points;
+``docs/decisions/2026-12-01-attention-aware-fill.md``).  The
 measurements behind the other rules, and the rules tried and not adopted:
 ``docs/decisions/2026-11-29-alignment-policy.md``.
 """
