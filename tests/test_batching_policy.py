@@ -375,6 +375,15 @@ def test_the_attention_term_weighs_one_long_sample_above_many_short_ones_of_the_
     assert aligned_fill([Group((0,), True, 0.5)], w, quad, 1 / 24576)[0].fill == 0.5
 
 
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+def test_a_sample_of_exactly_the_budget_stays_within_it_under_the_attention_aware_fill(kind):
+    for budget in range(1000, 20000, 7):  # rounding put 1.0000000000000002 at 159 of these budgets
+        cost = _cost(kind, budget)
+        for w in ([(budget,)], [(budget // 2,), (budget - budget // 2,)]):
+            fills = [g.fill for g in aligned_fill(pack(w, cost), w, cost, 1 / 24576)]
+            assert max(fills) <= 1.0, (budget, w, fills)
+
+
 @pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf"), True, "0.1", None])
 def test_attention_must_be_a_finite_number_at_least_zero(bad):
     with pytest.raises(ConfigError, match="attention"):

@@ -110,15 +110,22 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
     B = r.budget
     if r.kind == "padded":  # a group's plain fill is n Lmax / B: its longest is fill B / n, no pass over samples
         scale = 1.0 / (1.0 + a * B)
-        return [_group(Group, (g.positions, g.closed, g.fill * (1.0 + a * g.fill * B / len(g.positions)) * scale))
+        return [_group(Group, (g.positions, g.closed, _within(g.fill, g.fill * (1.0 + a * g.fill * B / len(g.positions))
+                                                               * scale)))
                 for g in groups]
     i, norm = r.index, B * (1.0 + a * B)
     lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
     out = []
     for g in groups:
         ls = list(map(lens.__getitem__, g.positions))
-        out.append(_group(Group, (g.positions, g.closed, (sum(ls) + a * sum(map(mul, ls, ls))) / norm)))
+        out.append(_group(Group, (g.positions, g.closed, _within(g.fill, (sum(ls) + a * sum(map(mul, ls, ls))) / norm))))
     return out
+
+
+def _within(plain: float, aligned: float) -> float:
+    """`aligned`, never above `plain` for a group within budget: the weight cannot exceed the budget's
+    there (module docstring), and rounding must not push a group of exactly the budget past 1."""
+    return aligned if plain > 1.0 else min(aligned, plain)
 
 
 def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], list[list[bool]]]:

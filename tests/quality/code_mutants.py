@@ -289,6 +289,10 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "or not 0 <= attention < float(\"inf\"):", "or False:",
                ("tests/test_batching_policy.py::test_attention_must_be_a_finite_number_at_least_zero",),
                "a negative or non-finite attention is accepted"),
+    CodeMutant("fill_rounds_past_the_budget", "odb/batching/policy.py",
+               "return aligned if plain > 1.0 else min(aligned, plain)", "return aligned",
+               ("tests/test_batching_policy.py::test_a_sample_of_exactly_the_budget_stays_within_it_under_the_attention_aware_fill",),
+               "the attention-aware fill of a group of exactly the budget may round past 1 (taken for over budget)"),
 )
 
 
