@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from operator import itemgetter, mul
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..errors import ConfigError, ProtocolError
 from .base import CostModel, Sizes
@@ -215,6 +215,16 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
     return len(own)  # not reached: lent > within means some slot runs out
 
 
+class _Round(NamedTuple):
+    """`BalancedPolicy`'s memo of the last summaries (pure caches of them)."""
+
+    key: tuple                  # the summaries, as tuples
+    live: list                  # those of the ranks with data
+    slots: tuple                # their `over_slots`
+    profile: list               # [target, `_profile` at it]: the longest profile computed (`_profile_of`)
+    within: list[int] | None    # each live rank's closed groups within budget; None: no over-budget sample
+
+
 def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
     if set(map(len, summaries)) <= {length} and set(map(itemgetter(0), summaries)) <= {SUMMARY_TAG}:
         return  # every row has the layout (the common case, in two passes without a Python loop)
@@ -253,7 +263,7 @@ class BalancedPolicy:
                               "the groups' fills could not be compared; pass e.g. attention_coefficient(...) or 0")
         self.attention = float(attention)
         self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
-        self._round: tuple[tuple, list, tuple[list[int], list[list[bool]]], list, list | None] | None = None
+        self._round: _Round | None = None
 
     # -- helpers ---------------------------------------------------------------
     def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[Group]:
@@ -277,8 +287,8 @@ class BalancedPolicy:
         # key with the same rows costs an identity check per row, not N x S int comparisons)
         key = tuple(map(tuple, summaries))
         m = self._round
-        if m is not None and m[0] == key:
-            return m[1], m[2]
+        if m is not None and m.key == key:
+            return m.live, m.slots
         _check(key, self.summary_len)
         live = [s for s in key if s[1] > 0]
         if any(any(map(itemgetter(_HEAD + b), live)) for b in range(OVER)):  # some rank holds an over-budget sample
@@ -287,14 +297,14 @@ class BalancedPolicy:
             within = [s[3] - sum(o) for s, o in zip(live, over)]  # closed groups within budget, per rank
         else:  # none does (the common case): no over-budget slot, nobody lends, every closed group is within budget
             slots, within = ([], [[]] * len(live)), None
-        self._round = (key, live, slots, [0, []], within)
+        self._round = _Round(key, live, slots, [0, []], within)
         return live, slots
 
     def _profile_of(self, live: list, slots: tuple, target: int) -> list[int]:
         """`_profile` for this round's summaries, memoized with the round: a profile is the prefix, cut
         to its target, of one list (a shorter profile than its target is that whole list), so the
         longest one computed answers every target up to its own."""
-        memo = self._round[3]
+        memo = self._round.profile
         done, prof = memo
         if target > done and len(prof) == done:
             memo[:] = target, _profile(live, slots, target)
@@ -335,7 +345,7 @@ class BalancedPolicy:
         if any(map(itemgetter(2), live)):
             # epoch end: exhausted ranks flush every group, the profile no longer binds
             return max(1, min((s[4] if s[2] else s[3]) for s in live))
-        within = self._round[4]
+        within = self._round.within
         if within is None:  # no over-budget sample anywhere: `_fillable` of a rank is its closed groups
             t = max(1, min(map(itemgetter(3), live)))
         elif slots[0]:
