@@ -436,6 +436,25 @@ def _headline(runs) -> list[str]:
                     "methods named (GMT and BMT always overlap: they emit the same batches)."]
 
 
+def budget_lines(budget: dict, elapsed_s: float, loops: list[float], rounds: list[int], full: bool) -> list[str]:
+    """`paper_repro.repro.BUDGET` checked against this run: one MET / MISSED line per target that
+    applies (the wall-clock budget is the quick grid's; the per-repeat loop is the full grid's aim,
+    ``repeat_loop_s_quick`` the quick grid's, on the median loop)."""
+    out = []
+    if not full and "repro_s" in budget:
+        out.append(f"- whole run {elapsed_s:.0f} s <= {budget['repro_s']} s: "
+                   f"{'MET' if elapsed_s <= budget['repro_s'] else 'MISSED'}")
+    key = "repeat_loop_s" if full else "repeat_loop_s_quick"
+    if loops and key in budget:
+        med = sorted(loops)[len(loops) // 2]
+        out.append(f"- median training loop per run {med:.1f} s <= {budget[key]} s ({key}): "
+                   f"{'MET' if med <= budget[key] else 'MISSED'}")
+    if rounds and "rounds_min" in budget:
+        out.append(f"- rounds per method {min(rounds)} >= {budget['rounds_min']}: "
+                   f"{'MET' if min(rounds) >= budget['rounds_min'] else 'MISSED'}")
+    return out
+
+
 def _summary(runs, sim, full, elapsed_s, load, prices, previous, phases, budget, name_meas, name_sim, plots):
     rounds = sorted({r["spec"]["repeats"] for r in runs})
     loops = [x for run in runs for m in run["methods"] for x in (rec["wall_s"] for rec in st.repeats(run, m))]
@@ -455,7 +474,7 @@ def _summary(runs, sim, full, elapsed_s, load, prices, previous, phases, budget,
             MEASUREMENT, "",
             f"Targets (as data, `paper_repro.repro.BUDGET`): {budget}. This run: {', '.join(map(str, rounds))} rounds "
             f"per method; training loop per run {st.fmt(st.spread(loops), 1, ' s')} (median [min-max] over every "
-            "method and round).", "",
+            "method and round).", "", *budget_lines(budget, elapsed_s, loops, rounds, full), "",
             "## Measured on this machine (median [min-max] over rounds)", ""]
     summ += _headline(runs)
     g = st.gauge(runs)

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from . import report
+from . import report, repro_stats
 from .spec import RunSpec
 
 __all__ = ["quick_specs", "full_specs", "run_spec", "run_rounds", "job_spec", "merge_jobs", "main", "RESULTS", "BUDGET"]
@@ -233,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
                      phases={"cache pricing": prices_s, "training jobs": sum(r.get("job_s", 0) for r in runs),
                              "cluster simulation": sim_s, "scale grid": scale["seconds"]}, budget=BUDGET,
                      scale=scale)
-    print(f"wrote {args.out}/SUMMARY.md in {time.monotonic() - t_start:.0f}s", flush=True)
+    elapsed = time.monotonic() - t_start
+    loops = [x for run in runs for m in run["methods"] for x in (rec["wall_s"] for rec in repro_stats.repeats(run, m))]
+    for line in report.budget_lines(BUDGET, elapsed, loops, sorted({r["spec"]["repeats"] for r in runs}), args.full):
+        print(line, flush=True)
+    print(f"wrote {args.out}/SUMMARY.md in {elapsed:.0f}s", flush=True)
     return 0
 
 

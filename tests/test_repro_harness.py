@@ -259,3 +259,14 @@ def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
     assert v["steps"] == 3 and v["samples"] == 8 and v["seconds"] == pytest.approx(6 + 5 + 1)
     assert v["straggler_eff"] == pytest.approx((5 / 6 + 4.5 / 5 + 0.5 / 1) / 3)
     assert cs.simulate_variable(plan, 2, unit, accum=2, num_rounds=3, round_s=0.5)["seconds"] == pytest.approx(13.5)
+
+
+def test_the_repro_budget_is_checked_not_only_printed():
+    from paper_repro.repro import BUDGET
+    from paper_repro.report import budget_lines
+    quick = budget_lines(BUDGET, BUDGET["repro_s"] + 1, [1.0, 9.0, 2.0], [4], full=False)
+    assert quick[0].endswith("MISSED") and "repro_s" not in quick[1] and quick[1].endswith("MET")
+    assert quick[2].endswith("MET")
+    assert budget_lines(BUDGET, BUDGET["repro_s"], [1.0], [4], full=False)[0].endswith("MET")
+    full = budget_lines(BUDGET, 10 * BUDGET["repro_s"], [BUDGET["repeat_loop_s"] + 1.0], [2], full=True)
+    assert len(full) == 2 and full[0].endswith("MISSED") and full[1].endswith("MISSED")
