@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from odb.protocol.expr import Const, Expr, Op, and_, eq, ge, implies, le, ne, not_, or_, sub
+from odb.protocol.expr import Expr, Op, and_, eq, ge, implies, le, ne, not_, or_
 from odb.protocol.table import DONE, EMIT, FILL, JOIN, PAD, QUOTA, WAIT
 
 from .logic import GV, RF, Exists, Forall

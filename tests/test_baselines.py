@@ -1,6 +1,5 @@
 """Baselines: every sample scheduled exactly once, batches fit, and the lower bound is a bound."""
 
-import random
 
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -9,7 +9,6 @@ from hypothesis import given, settings, strategies as st
 
 from odb.baselines import ReleasePolicy
 from odb.batching import default_policy, make_cost_model
-from odb.errors import ProtocolError
 from paper_repro.bench import metrics
 from paper_repro.distributions import sample_lengths
 from odb.core.sim import simulate

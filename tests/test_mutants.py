@@ -7,7 +7,6 @@ each mutant runs the cheap quit scope first and the larger scope only if needed.
 import pytest
 
 from models.properties import PROPERTIES
-from models.scopes import Scope
 from odb.protocol.table import DGAP
 from proofs.explicit.check import check_scope
 from proofs.mutants import KILL, MUTANT_SCOPES, MUTANTS, by_name, check_mutant

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import odb
-from odb.batching.collate import pad_collate
 from odb.runtime.source import count_labels, default_length
 
 from mp_harness import Samples, id_collate, make_lengths

@@ -1,7 +1,6 @@
 """ODBDataLoader at world size 1 (no process group): contracts, bad input, resume, lifecycle."""
 
 import threading
-import warnings
 
 import pytest
 import torch

@@ -32,7 +32,6 @@ import glob
 import os
 import sys
 import warnings
-from typing import Any
 
 import torch
 from transformers import ProgressCallback, Seq2SeqTrainer, Trainer, TrainerCallback

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 from ..errors import ProtocolError
-from .expr import Expr, Hdr, Param, Scope, evaluate, leaves
+from .expr import Expr, Hdr, Scope, evaluate, leaves
 from .table import Aggregate, Choice, Row, Table
 
 __all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",

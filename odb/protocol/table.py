@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Mapping
 
 from .expr import (
-    Cfg, Const, Expr, Field, Hdr, Input, Let, Param, and_, eq, ge, gt, ite, le, lt, mn, mx,
-    ne, not_, or_, render, sub, typecheck,
+    Cfg, Const, Expr, Field, Hdr, Input, Let, Param, and_, eq, gt, ite, lt, mn, mx,
+    not_, or_, render, typecheck,
 )
 
 __all__ = [
