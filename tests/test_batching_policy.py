@@ -351,6 +351,11 @@ def test_the_attention_aware_fill_keeps_the_budget_line(kind, window, attention)
     plain = pack(window, cost)
     aligned = aligned_fill(plain, window, cost, attention)
     assert [(g.positions, g.closed) for g in aligned] == [(g.positions, g.closed) for g in plain]
+    moments: list = []  # the packing pass's sums: the same fills to the bit, and what the policy reads
+    fast = aligned_fill(pack(window, cost, moments), window, cost, attention, moments)
+    assert fast == aligned and len(moments) == (len(plain) if kind == "packed" else 0)
+    if attention:
+        assert BalancedPolicy(attention=attention)._packed(window, cost)[0] == aligned
     for a, p in zip(aligned, plain):
         if attention == 0:
             assert a.fill == p.fill

@@ -60,9 +60,14 @@ def order_longest_first(window: Sequence[Sizes], cost: CostModel) -> list[int]:
     return sorted(range(len(window)), key=lambda p: (-w[p], p))
 
 
-def pack(window: Sequence[Sizes], cost: CostModel) -> list[Group]:
+def pack(window: Sequence[Sizes], cost: CostModel, moments: list | None = None) -> list[Group]:
     """Greedy groups of `window` (see the module docstring); every group fits
-    unless it is one over-budget sample; closed groups first, in longest-first order."""
+    unless it is one over-budget sample; closed groups first, in longest-first order.
+
+    :param moments: a list that, under a one-resource packed or quadratic budget, receives
+        ``(sum, sum of squares)`` of each group's single-sample costs, one pair per group in
+        order, computed in the packing pass (the policy's attention-aware fill reads them
+        instead of a second pass over the samples); left empty for every other cost."""
     if not window:
         return []
     vals = _weights(window, cost)  # once: ordering and packing read the same single-sample costs
@@ -72,7 +77,7 @@ def pack(window: Sequence[Sizes], cost: CostModel) -> list[Group]:
         r = cost.resources[0]
         if r.kind == "padded":
             return _pack_padded(order, vals, r.budget)
-        return _pack_additive(order, vals, r.budget)
+        return _pack_additive(order, vals, r.budget, moments)
     return _pack_generic(order, window, cost)
 
 
@@ -90,13 +95,14 @@ def _pack_padded(order: list[int], vals: list[float], B: float) -> list[Group]:
     return out
 
 
-def _pack_additive(order: list[int], vals: list[float], B: float) -> list[Group]:
+def _pack_additive(order: list[int], vals: list[float], B: float, moments: list | None) -> list[Group]:
     out: list[Group] = []
     i, j = 0, len(order) - 1
     while i <= j:
         first = order[i]
         g = [first]
         tot = vals[first]
+        sq = tot * tot
         i += 1
         closed = tot > B
         while not closed and i <= j:
@@ -104,15 +110,20 @@ def _pack_additive(order: list[int], vals: list[float], B: float) -> list[Group]
             if tot + v <= B:
                 g.append(order[i])
                 tot += v
+                sq += v * v
                 i += 1
                 continue
             while i <= j and tot + vals[order[j]] <= B:
+                v = vals[order[j]]
                 g.append(order[j])
-                tot += vals[order[j]]
+                tot += v
+                sq += v * v
                 j -= 1
             closed = i <= j
             break
         out.append(Group(tuple(g), closed, tot / B))
+        if moments is not None:
+            moments.append((tot, sq))
     return out
 
 

@@ -98,11 +98,13 @@ _group = tuple.__new__  # builds a `Group` from its three fields without NamedTu
 
 
 def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostModel,
-                 attention: float) -> list[Group]:
+                 attention: float, moments: Sequence[tuple[float, float]] | None = None) -> list[Group]:
     """`groups` of `window` (each with its plain fill, ``cost.utilisation`` of its samples, as `pack` gives
     it) with the fill of the module docstring's rule 0: the same groups when that is the plain fill
     (``attention == 0``, or a cost other than a one-resource padded or packed budget; a quadratic budget
-    weighs attention itself)."""
+    weighs attention itself).  `moments`: each group's ``(sum, sum of squares)`` of its lengths, as
+    ``pack(..., moments=)`` gives them (the same fills, without a pass over the samples); None or empty:
+    computed here."""
     if not attention or not isinstance(cost, BudgetCost) or len(cost.resources) != 1 \
             or cost.resources[0].kind not in ("padded", "packed"):
         return list(groups)
@@ -114,6 +116,11 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
                                                                * scale)))
                 for g in groups]
     i, norm = r.index, B * (1.0 + a * B)
+    if moments:
+        if len(moments) != len(groups):
+            raise ValueError(f"{len(moments)} moments for {len(groups)} groups")
+        return [_group(Group, (g.positions, g.closed, _within(g.fill, (s + a * q) / norm)))
+                for g, (s, q) in zip(groups, moments)]
     lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
     out = []
     for g in groups:
@@ -276,7 +283,8 @@ class BalancedPolicy:
         m = self._memo
         if m is not None and m[1] is cost and m[0] == key:
             return m[2], m[3]
-        g = aligned_fill(pack(window, cost), window, cost, self.attention)
+        moments: list = []
+        g = aligned_fill(pack(window, cost, moments), window, cost, self.attention, moments)
         self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g])
         return self._memo[2], self._memo[3]
 

@@ -278,7 +278,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "the fast check for over-budget samples misses the cheapest over-budget level"),
     # -- the attention-aware fill (rule 0) ---------------------------------------------------------------------
     CodeMutant("fill_ignores_attention", "odb/batching/policy.py",
-               "g = aligned_fill(pack(window, cost), window, cost, self.attention)", "g = pack(window, cost)",
+               "g = aligned_fill(pack(window, cost, moments), window, cost, self.attention, moments)", "g = pack(window, cost)",
                ("tests/test_batching_policy.py::test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost",),
                "the policy buckets and orders groups by the plain budget fill although attention is set"),
     CodeMutant("padded_weight_without_padding", "odb/batching/policy.py",
@@ -293,6 +293,10 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "return aligned if plain > 1.0 else min(aligned, plain)", "return aligned",
                ("tests/test_batching_policy.py::test_a_sample_of_exactly_the_budget_stays_within_it_under_the_attention_aware_fill",),
                "the attention-aware fill of a group of exactly the budget may round past 1 (taken for over budget)"),
+    CodeMutant("moments_miss_the_short_end", "odb/batching/grouping.py",
+               "tot += v\n                sq += v * v\n                j -= 1", "tot += v\n                j -= 1",
+               ("tests/test_batching_policy.py::test_the_attention_aware_fill_keeps_the_budget_line",),
+               "the packing pass's sums of squares leave out the samples topped up from the short end"),
 )
 
 
