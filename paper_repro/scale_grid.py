@@ -2,6 +2,8 @@
 
 ``python -m paper_repro.scale_grid [--full]`` (``make repro`` and ``make repro-full`` run it too) writes
 ``paper_repro/results/scale_grid[_full]_<yyyymm>.{json,md}`` and ``scale_vs_n[_full].png``.
+``--window W`` runs every selected point at window W instead, with at least 8 W samples per rank (the
+full grid holds the padded points at 64 and 256 ranks at W = 1024, the loader's default, too).
 
 Each point is (distribution, N ranks, window W, budget B, cost kind, samples per rank).  The epoch's
 lengths are `paper_repro.distributions`' (the four paper CVs and the release's long-tail mix), shuffled
@@ -59,7 +61,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
 __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "run_point", "run_grid",
-           "target_lines", "write", "main"]
+           "target_lines", "write", "main", "at_window"]
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
@@ -74,7 +76,9 @@ GRID_QUICK = {"worlds": (8, 64, 256), "window": 256, "budget": 8192, "per_rank":
               "paper_points": (("sharegpt4o", 8, 10000),)}
 GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_rank": 2048,
              "costs": {"padded": (8, 64, 256, 1024), "packed": (8, 64, 256), "quadratic": (8, 64, 256)},
-             "paper_points": tuple((d, 8, 10000) for d in DISTS)}
+             "paper_points": tuple((d, 8, 10000) for d in DISTS),
+             # the default window (`buffer_size`) since 2026-12-01, at 8 W samples per rank (`at_window`)
+             "wide": {"window": 1024, "costs": {"padded": (64, 256)}}}
 # The structural option evaluated beside the methods (`pooled_schedule`, a prototype): ranks per host, and
 # where it runs (the quick grid: the padded points at N >= 64; the full grid: every point at N >= 64).
 HOST = 8
@@ -97,8 +101,17 @@ def points(full: bool) -> list[tuple]:
     pts = [(d, n, g["window"], g["budget"], kind, g["per_rank"])
            for kind, worlds in g["costs"].items() for n in worlds for d in DISTS]
     pts += [(d, n, g["window"], g["budget"], "padded", per) for d, n, per in g["paper_points"]]
+    wide = g.get("wide")
+    if wide:
+        pts += [at_window((d, n, g["window"], g["budget"], kind, g["per_rank"]), wide["window"])
+                for kind, worlds in wide["costs"].items() for n in worlds for d in DISTS]
     pts = [(*p, p[1] >= 64 and (full or p[4] == "padded")) for p in pts]  # the pooled prototype too?
     return sorted(pts, key=lambda p: -p[1] * p[5])
+
+
+def at_window(p: tuple, window: int) -> tuple:
+    """Grid point `p` at `window` instead, with at least 8 windows of samples per rank (realistic epochs)."""
+    return (p[0], p[1], window, p[3], p[4], max(p[5], 8 * window), *p[6:])
 
 
 def _plan(rows, row_sizes, world: int, filler: int):
@@ -284,7 +297,7 @@ def run_grid(full: bool = False, workers: int = 2, progress: bool = True,
 
 
 def _where(r) -> str:
-    return f"{r['dist']} N={r['world']} {r['cost']} ({r['per_rank']}/rank)"
+    return f"{r['dist']} N={r['world']} W={r['window']} {r['cost']} ({r['per_rank']}/rank)"
 
 
 def target_lines(res: dict) -> list[str]:
@@ -385,12 +398,13 @@ def _needs() -> list[str]:
 
 def _table(res: dict, cell) -> list[str]:
     cols = METHODS + (POOLED, EXCHANGE)
-    lines = ["| dist | N | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
-             "|" + "---|" * (4 + len(cols))]
-    key = lambda r: (r["cost"], r["dist"], r["world"], r["per_rank"])  # noqa: E731
+    lines = ["| dist | N | W | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
+             "|" + "---|" * (5 + len(cols))]
+    key = lambda r: (r["cost"], r["dist"], r["world"], r["window"], r["per_rank"])  # noqa: E731
     for r in sorted(res["rows"], key=key):
         cells = [cell(r["methods"][m]) if m in r["methods"] else "n/a" for m in cols]
-        lines.append(f"| {r['dist']} | {r['world']} | {r['cost']} | {r['per_rank']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['dist']} | {r['world']} | {r['window']} | {r['cost']} | {r['per_rank']} | "
+                     + " | ".join(cells) + " |")
     return lines
 
 
@@ -409,7 +423,9 @@ def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") 
           f"{len(res['rows'])} points in "
           f"{res['seconds']:.0f} s; {time.strftime('%Y-%m-%d')}.", "",
           f"Grid: W = {g['window']}, B = {g['budget']}, {g['per_rank']} samples per rank (8 W); costs by world "
-          f"size {g['costs']}; paper-sized points {g['paper_points']} ((dist, N, samples per rank)).", "",
+          f"size {g['costs']}; paper-sized points {g['paper_points']} ((dist, N, samples per rank))"
+          + (f"; at W = {g['wide']['window']} too, 8 W samples per rank: {g['wide']['costs']}" if g.get("wide") else "")
+          + ".", "",
           "```", doc, "```", "", "## Targets (ODB dealt, N >= 64, W >= 256)", "", *target_lines(res), "",
           "## What each method needs", "", *_needs(), "",
           "## Every point", "",
@@ -477,16 +493,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dists", default="", help="comma-separated: keep only these distributions")
     ap.add_argument("--costs", default="", help="comma-separated: keep only these costs")
     ap.add_argument("--name", default="", help="a tag for the file names (a filtered grid is not the grid)")
+    ap.add_argument("--window", type=int, default=0,
+                    help="every point at this window instead, with max(8 W, its own) samples per rank")
     args = ap.parse_args(argv)
     keep = [(i, set(v.split(","))) for i, v in ((1, args.worlds), (0, args.dists), (4, args.costs)) if v]
     pts = [p for p in points(args.full) if all(str(p[i]) in vs for i, vs in keep)]
     if not pts:
         raise SystemExit("no point of the grid passes the filters")
-    if keep and not args.name:
+    if (keep or args.window) and not args.name:
         raise SystemExit("a filtered grid needs --name (its files must not pass for the whole grid's)")
+    if args.window:
+        pts = [at_window(p, args.window) for p in pts]
     res = run_grid(args.full, args.workers, pts=pts)
+    if args.window:
+        res["grid"].update(window=args.window, per_rank=max(8 * args.window, res["grid"]["per_rank"]))
+        res["grid"].pop("wide", None)
     res["args"] = "".join(f" --{k} {v}" for k, v in (("worlds", args.worlds), ("dists", args.dists),
-                                                     ("costs", args.costs), ("name", args.name)) if v)
+                                                     ("costs", args.costs), ("window", args.window),
+                                                     ("name", args.name)) if v)
     res["args"] = (" --full" if args.full else "") + res["args"]
     for p in write(res, args.out, args.full, args.name):
         print("wrote", p)

@@ -76,9 +76,13 @@ class LoaderSettings:
     """Worker start method ("fork", "spawn", ...), as in DataLoader."""
     worker_init_fn: Callable | None = None
     """As in DataLoader."""
-    buffer_size: int = 256
+    buffer_size: int = 1024
     """The window W: samples per rank per round, carry included; larger gives better batches and holds
-    about 2W samples in memory (measured effects: ``docs/decisions/2026-11-29-window-size.md``)."""
+    about 2W preprocessed samples in host memory (the window and the previous round's batches), and the
+    first batch of an epoch waits for the first W.  The default is the paper's recipes' window; with
+    large per-sample tensors (images) size it to host memory: 2W samples on each of a host's ranks.
+    Measured effects: ``docs/decisions/2026-11-29-window-size.md`` and, at 64 to 256 ranks,
+    ``docs/decisions/2026-12-01-window-1024.md``."""
     mode: str = "pad"
     """"pad" (equal steps, zero-weight fillers, every sample once), "join" (every sample once; ranks
     finish at different steps; the model side uses DDP ``Join``) or "quota" (equal steps, no fillers;
