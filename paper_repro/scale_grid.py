@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     if (keep or args.window) and not args.name:
         raise SystemExit("a filtered grid needs --name (its files must not pass for the whole grid's)")
     if args.window:
-        pts = [at_window(p, args.window) for p in pts]
+        pts = list(dict.fromkeys(at_window(p, args.window) for p in pts))  # the full grid's wide points are there already
     res = run_grid(args.full, args.workers, pts=pts)
     if args.window:
         res["grid"].update(window=args.window, per_rank=max(8 * args.window, res["grid"]["per_rank"]))

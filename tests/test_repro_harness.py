@@ -270,3 +270,14 @@ def test_the_repro_budget_is_checked_not_only_printed():
     assert budget_lines(BUDGET, BUDGET["repro_s"], [1.0], [4], full=False)[0].endswith("MET")
     full = budget_lines(BUDGET, 10 * BUDGET["repro_s"], [BUDGET["repeat_loop_s"] + 1.0], [2], full=True)
     assert len(full) == 2 and full[0].endswith("MISSED") and full[1].endswith("MISSED")
+
+
+def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
+    from paper_repro import scale_grid as sg
+    from odb.runtime.settings import LoaderSettings
+    wide = [p for p in sg.points(True) if p[2] != sg.GRID_FULL["window"]]
+    assert {p[2] for p in wide} == {LoaderSettings(token_budget=8192).buffer_size}  # the loader's default window
+    assert {(p[1], p[4]) for p in wide} == {(64, "padded"), (256, "padded")} and len(wide) == 2 * len(sg.DISTS)
+    assert all(p[5] >= 8 * p[2] and p[6] for p in wide)  # 8 W samples per rank, the prototypes beside
+    assert sg.at_window(("release", 8, 256, 8192, "padded", 10000, False), 1024)[5] == 10000
+    assert not [p for p in sg.points(False) if p[2] != sg.GRID_QUICK["window"]]
