@@ -109,9 +109,10 @@ def points(full: bool) -> list[tuple]:
     return sorted(pts, key=lambda p: -p[1] * p[5])
 
 
-def at_window(p: tuple, window: int) -> tuple:
-    """Grid point `p` at `window` instead, with at least 8 windows of samples per rank (realistic epochs)."""
-    return (p[0], p[1], window, p[3], p[4], max(p[5], 8 * window), *p[6:])
+def at_window(p: tuple, window: int, per_rank: int = 0) -> tuple:
+    """Grid point `p` at `window` instead, with at least 8 windows of samples per rank (realistic epochs),
+    or with `per_rank` samples per rank when given (a side-by-side control at another window)."""
+    return (p[0], p[1], window, p[3], p[4], per_rank or max(p[5], 8 * window), *p[6:])
 
 
 def _plan(rows, row_sizes, world: int, filler: int):
@@ -422,7 +423,8 @@ def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") 
           f"Command: `python -m paper_repro.scale_grid{res.get('args', ' --full' if full else '')}`; "
           f"{len(res['rows'])} points in "
           f"{res['seconds']:.0f} s; {time.strftime('%Y-%m-%d')}.", "",
-          f"Grid: W = {g['window']}, B = {g['budget']}, {g['per_rank']} samples per rank (8 W); costs by world "
+          f"Grid: W = {g['window']}, B = {g['budget']}, {g['per_rank']} samples per rank "
+          f"({g['per_rank'] / g['window']:g} W); costs by world "
           f"size {g['costs']}; paper-sized points {g['paper_points']} ((dist, N, samples per rank))"
           + (f"; at W = {g['wide']['window']} too, 8 W samples per rank: {g['wide']['costs']}" if g.get("wide") else "")
           + ".", "",
@@ -495,7 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="", help="a tag for the file names (a filtered grid is not the grid)")
     ap.add_argument("--window", type=int, default=0,
                     help="every point at this window instead, with max(8 W, its own) samples per rank")
+    ap.add_argument("--per-rank", type=int, default=0,
+                    help="with --window: this many samples per rank instead (a control at equal epochs)")
     args = ap.parse_args(argv)
+    if args.per_rank and not args.window:
+        raise SystemExit("--per-rank goes with --window")
     keep = [(i, set(v.split(","))) for i, v in ((1, args.worlds), (0, args.dists), (4, args.costs)) if v]
     pts = [p for p in points(args.full) if all(str(p[i]) in vs for i, vs in keep)]
     if not pts:
@@ -503,13 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     if (keep or args.window) and not args.name:
         raise SystemExit("a filtered grid needs --name (its files must not pass for the whole grid's)")
     if args.window:
-        pts = list(dict.fromkeys(at_window(p, args.window) for p in pts))  # the full grid's wide points are there already
+        # each point once: the full grid's wide points are there already
+        pts = list(dict.fromkeys(at_window(p, args.window, args.per_rank) for p in pts))
     res = run_grid(args.full, args.workers, pts=pts)
     if args.window:
-        res["grid"].update(window=args.window, per_rank=max(8 * args.window, res["grid"]["per_rank"]))
+        res["grid"].update(window=args.window,
+                           per_rank=args.per_rank or max(8 * args.window, res["grid"]["per_rank"]))
         res["grid"].pop("wide", None)
     res["args"] = "".join(f" --{k} {v}" for k, v in (("worlds", args.worlds), ("dists", args.dists),
                                                      ("costs", args.costs), ("window", args.window),
+                                                     ("per-rank", args.per_rank),
                                                      ("name", args.name)) if v)
     res["args"] = (" --full" if args.full else "") + res["args"]
     for p in write(res, args.out, args.full, args.name):
