@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from . import report, repro_stats
+from . import report
 from .spec import RunSpec
 
 __all__ = ["quick_specs", "full_specs", "run_spec", "run_rounds", "job_spec", "merge_jobs", "main", "RESULTS", "BUDGET"]
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                              "cluster simulation": sim_s, "scale grid": scale["seconds"]}, budget=BUDGET,
                      scale=scale)
     elapsed = time.monotonic() - t_start
-    loops = [x for run in runs for m in run["methods"] for x in (rec["wall_s"] for rec in repro_stats.repeats(run, m))]
-    for line in report.budget_lines(BUDGET, elapsed, loops, sorted({r["spec"]["repeats"] for r in runs}), args.full):
+    rounds = sorted({r["spec"]["repeats"] for r in runs})
+    for line in report.budget_lines(BUDGET, elapsed, report.loop_seconds(runs), rounds, args.full):
         print(line, flush=True)
     print(f"wrote {args.out}/SUMMARY.md in {elapsed:.0f}s", flush=True)
     return 0

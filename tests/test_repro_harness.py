@@ -263,6 +263,10 @@ def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
 
 def test_the_repro_budget_is_checked_not_only_printed():
     from paper_repro.repro import BUDGET
+    import json
+    import os
+
+    from paper_repro import report
     from paper_repro.report import budget_lines
     quick = budget_lines(BUDGET, BUDGET["repro_s"] + 1, [1.0, 9.0, 2.0], [4], full=False)
     assert quick[0].endswith("MISSED") and "repro_s" not in quick[1] and quick[1].endswith("MET")
@@ -281,3 +285,6 @@ def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
     assert all(p[5] >= 8 * p[2] and p[6] for p in wide)  # 8 W samples per rank, the prototypes beside
     assert sg.at_window(("release", 8, 256, 8192, "padded", 10000, False), 1024)[5] == 10000
     assert not [p for p in sg.points(False) if p[2] != sg.GRID_QUICK["window"]]
+    raw = json.load(open(os.path.join(os.path.dirname(__file__), "..", "paper_repro", "results", "repro_raw.json")))
+    loops = report.loop_seconds(raw["runs"])  # the committed run's loops: one per method and round
+    assert len(loops) == sum(len(r["methods"]) * r["spec"]["repeats"] for r in raw["runs"]) and min(loops) > 0
