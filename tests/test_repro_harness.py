@@ -274,6 +274,9 @@ def test_the_repro_budget_is_checked_not_only_printed():
     assert budget_lines(BUDGET, BUDGET["repro_s"], [1.0], [4], full=False)[0].endswith("MET")
     full = budget_lines(BUDGET, 10 * BUDGET["repro_s"], [BUDGET["repeat_loop_s"] + 1.0], [2], full=True)
     assert len(full) == 2 and full[0].endswith("MISSED") and full[1].endswith("MISSED")
+    raw = json.load(open(os.path.join(os.path.dirname(__file__), "..", "paper_repro", "results", "repro_raw.json")))
+    loops = report.loop_seconds(raw["runs"])  # the committed run's loops: one per method and round
+    assert len(loops) == sum(len(r["methods"]) * r["spec"]["repeats"] for r in raw["runs"]) and min(loops) > 0
 
 
 def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
@@ -285,6 +288,3 @@ def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
     assert all(p[5] >= 8 * p[2] and p[6] for p in wide)  # 8 W samples per rank, the prototypes beside
     assert sg.at_window(("release", 8, 256, 8192, "padded", 10000, False), 1024)[5] == 10000
     assert not [p for p in sg.points(False) if p[2] != sg.GRID_QUICK["window"]]
-    raw = json.load(open(os.path.join(os.path.dirname(__file__), "..", "paper_repro", "results", "repro_raw.json")))
-    loops = report.loop_seconds(raw["runs"])  # the committed run's loops: one per method and round
-    assert len(loops) == sum(len(r["methods"]) * r["spec"]["repeats"] for r in raw["runs"]) and min(loops) > 0
