@@ -116,17 +116,13 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
                                                                * scale)))
                 for g in groups]
     i, norm = r.index, B * (1.0 + a * B)
-    if moments:
-        if len(moments) != len(groups):
-            raise ValueError(f"{len(moments)} moments for {len(groups)} groups")
-        return [_group(Group, (g.positions, g.closed, _within(g.fill, (s + a * q) / norm)))
-                for g, (s, q) in zip(groups, moments)]
-    lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
-    out = []
-    for g in groups:
-        ls = list(map(lens.__getitem__, g.positions))
-        out.append(_group(Group, (g.positions, g.closed, _within(g.fill, (sum(ls) + a * sum(map(mul, ls, ls))) / norm))))
-    return out
+    if not moments:  # what `pack` would have given: each group's sum and sum of squares of its lengths
+        lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
+        moments = [(sum(ls), sum(map(mul, ls, ls))) for ls in (list(map(lens.__getitem__, g.positions)) for g in groups)]
+    elif len(moments) != len(groups):
+        raise ValueError(f"{len(moments)} moments for {len(groups)} groups")
+    return [_group(Group, (g.positions, g.closed, _within(g.fill, (s + a * q) / norm)))
+            for g, (s, q) in zip(groups, moments)]
 
 
 def _within(plain: float, aligned: float) -> float:
