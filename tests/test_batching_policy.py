@@ -92,7 +92,7 @@ def _fill_slots(s, prof, target):
 
 @settings(max_examples=80, deadline=None)
 @given(sums=rank_summaries, window=st.sampled_from([64, 255, 256, 1024]))
-def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need(sums, window):
+def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_need_until_the_last_round(sums, window):
     summaries = [_summary(*x) for x in sums]
     t = default_policy().propose(summaries, window)
     assert t == default_policy().propose(summaries, window)
@@ -100,6 +100,9 @@ def test_propose_is_deterministic_rank_order_free_and_bounded_by_the_minimum_nee
     live = [s for s in summaries if s[1] > 0]
     needs = [(s[4] if s[2] else s[3]) for s in live]
     need = max(1, min(needs)) if needs else 1
+    if live and all(s[2] for s in live):
+        assert t == max(1, max(needs))  # the last round: the largest count of groups flushes every window
+        return
     if any(s[2] for s in live) or not live:
         assert t == need  # the epoch end (or nothing left): the minimum need
         return
@@ -116,6 +119,8 @@ def test_a_large_window_carries_half_its_full_groups_while_data_flows():
     assert default_policy().propose(summaries, 256) == 4  # a large one carries half (the reservoir)
     ends = [_summary(300, True, [0] * 6 + [8], 1), summaries[1]]
     assert default_policy().propose(ends, 256) == 8  # the epoch end: the full need, never halved
+    last = [_summary(300, True, [0] * 6 + [8], 1), _summary(40, True, [0] * 6 + [2])]
+    assert default_policy().propose(last, 256) == 9  # every rank exhausted: the largest count, one round
     small = [_summary(300, False, [0] * 6 + [3])] * 2
     assert default_policy().propose(small, 1024) == 3  # a need under 4 is not halved
     over = [_summary(300, False, [0] * 4 + [2, 0, 8])] * 2  # two lone samples of 1.1-1.25 each, 8 full groups
@@ -202,6 +207,26 @@ def test_an_over_budget_slot_opens_at_every_level(level):
     summaries = [_summary(300, False, h)] * 2
     assert default_policy().profile(summaries, 4) == [level, OVER, OVER, OVER]
     assert default_policy().propose(summaries, 64) == 4
+
+
+def test_extra_batches_split_the_costliest_group_not_the_one_with_most_samples():
+    cost = _cost("padded", 1000)
+    window = [(450,), (450,)] + [(100,)] * 5  # groups [450, 450] (fill 0.9) and five of 100 (0.5)
+    groups = default_policy().partition(window, 3, 3, cost)
+    assert sorted(map(sorted, groups)) == [[0], [1], [2, 3, 4, 5, 6]]  # this rank's costliest steps go down
+    many = default_policy().partition(window, 7, 7, cost)
+    check_partition(many, len(window), 7, window, cost)
+    fills = [cost.utilisation([window[i] for i in g]) for g in many]
+    assert fills == sorted(fills, reverse=True)  # in decreasing fill, as every partition
+
+
+def test_the_epochs_last_round_flushes_every_window_in_one_round_without_fillers():
+    cost = _cost("padded", 1000)
+    # both shards fit a window, so both ranks post exhausted: 6 lone long samples against one group of 6
+    sim = simulate([[(600,)] * 6, [(100,)] * 6], cost, window=8)
+    assert sim.targets[0] == 6 and sim.rounds == 2  # one round of batches, then the round that stops
+    assert all(b is not None for row in sim.batches for b in row)  # rank 1 splits its group: no filler
+    assert [sorted(i for b in row for i in b) for row in sim.batches] == [list(range(6))] * 2
 
 
 def test_an_over_budget_sample_below_the_quorum_is_carried_while_data_flows_and_leaves_at_the_end():

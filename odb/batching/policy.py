@@ -19,9 +19,11 @@ The rule, a function of the gathered summaries only (every rank computes the sam
    ``B (1 + a B)`` (`aligned_fill`).  A group within budget then has a fill of at most 1, a lone
    over-budget sample more than 1, as with the plain fill (``a = 0`` gives the plain fill exactly).
 
-1. The need: ``max(1, min over ranks with data of (c_r if x_r else f_r))`` once some rank is
-   exhausted (the epoch end), else ``max(1, min of (f_r - o_r + e_r))`` (`_fillable`): every rank
-   emits full groups while it has them; a surplus is carried, never dropped; no sample is peeled.
+1. The need: once every rank with data is exhausted (the epoch's last round) ``max over them of
+   c_r``: one round flushes every window, and a rank with fewer groups splits its costliest ones
+   (rule 5); once some rank is exhausted, ``max(1, min over ranks with data of (c_r if x_r else
+   f_r))``; else ``max(1, min of (f_r - o_r + e_r))`` (`_fillable`): every rank emits full groups
+   while it has them; a surplus is carried, never dropped; no sample is peeled.
 2. The over-budget quorum: a round opens with over-budget slots, costliest level first; a level gets
    a slot while at least ``ceil(L / 2)`` ranks hold a sample of it (`over_slots`), and a rank holding
    none lends its fullest group within budget.  Below the quorum such samples are carried.
@@ -33,19 +35,25 @@ The rule, a function of the gathered summaries only (every rank computes the sam
 5. `partition`: slot k gets a group of the profile's bucket (fewest padding tokens first), the open
    slots the fullest groups within budget (at the epoch end the costliest first); groups go out in
    decreasing fill, so slot k holds the k-th costliest group on every rank.  Any ``real`` works: more
-   groups than the window forms split the largest (never below one sample).
+   groups than the window forms split the costliest group of two or more samples in halves, again and
+   again, so the extra batches lower this rank's costliest steps (never below one sample).
 
 Why: a DDP step lasts as long as its slowest rank, so the k-th batches of all ranks should cost the
 same; the released package aligned to the largest group count and peeled singletons instead.  Rule 0:
 equal padded (or packed) tokens are not equal time, attention grows with L^2, so groups of the same
 budget fill ran up to 22% apart in step time; aligned on the attention-aware fill, ODB's predicted
 throughput at 8-256 ranks rose by up to 8.7% and fell nowhere (36 points;
-``docs/decisions/2026-12-01-attention-aware-fill.md``).  The
+``docs/decisions/2026-12-01-attention-aware-fill.md``).  Rules 1 and 5 at the epoch end: a
+window's rigid groups (samples too long to pair, each a step of its own) are counted out unevenly
+between the ranks, so flushing at the least count took a tail of 20-30 rounds of one or two steps
+while most ranks idled; one flush round with the extra batches split by fill raised ODB's predicted
+throughput at 8-256 ranks (``docs/decisions/2026-12-02-epoch-end-flush.md``).  The
 measurements behind the other rules, and the rules tried and not adopted:
 ``docs/decisions/2026-11-29-alignment-policy.md``.
 """
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from operator import itemgetter, mul
 from typing import NamedTuple, Sequence
@@ -58,8 +66,8 @@ from .grouping import Group, pack
 __all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "OVER", "fill_bucket",
            "over_slots", "aligned_fill", "attention_coefficient"]
 
-# Identifies this policy's summary layout and decision rule (version 4: the attention-aware fill).
-SUMMARY_TAG = 0x0DB4
+# Identifies this policy's summary layout and decision rule (version 5: the epoch's last round flushes every window).
+SUMMARY_TAG = 0x0DB5
 # Bucket upper edges in 1/1000 of the budget, costliest first: over budget in 6 steps (a lone
 # over-budget sample may cost up to several budgets), then widths of 0.025 down to 0.5, then the rest.
 _EDGES = (10**9, 3000, 2000, 1500, 1250, 1100) + tuple(range(1000, 475, -25))
@@ -348,6 +356,8 @@ class BalancedPolicy:
             return 1
         if any(map(itemgetter(2), live)):
             # epoch end: exhausted ranks flush every group, the profile no longer binds
+            if all(map(itemgetter(2), live)):  # the last round: every window at once (rule 1)
+                return max(1, max(map(itemgetter(4), live)))
             return max(1, min((s[4] if s[2] else s[3]) for s in live))
         within = self._round.within
         if within is None:  # no over-budget sample anywhere: `_fillable` of a rank is its closed groups
@@ -380,15 +390,29 @@ class BalancedPolicy:
         if real <= len(closed):
             pick = self._pick(window, closed, [b for g, b in zip(gs, buckets) if g.closed], real, summaries, target)
             return [list(closed[k].positions) for k in pick]
-        chosen = [list(g.positions) for g in gs[:real]]  # every closed group, then the open one
-        while len(chosen) < real:  # more groups than the window forms: split the largest
-            i = max(range(len(chosen)), key=lambda k: (len(chosen[k]), -k))
-            g = chosen[i]
+        return self._split(window, gs[:real], real, cost)  # every closed group, then the open one
+
+    def _split(self, window: Sequence[Sizes], groups: Sequence[Group], real: int, cost: CostModel) -> list[list[int]]:
+        """`groups` (with rule 0's fills) split until there are `real` of them, in decreasing fill: the
+        costliest group of two or more samples is halved, the first half holding its first samples
+        (ties: the one with more samples, then the earlier one).  Requires `real` at most their samples."""
+        # a max-heap on (fill, samples, age); the age keeps ties in the order the groups came
+        heap = [(-g.fill, -len(g.positions), k, list(g.positions)) for k, g in enumerate(groups)]
+        heapq.heapify(heap)
+        done, made = [], len(groups)
+        while len(heap) + len(done) < real:
+            item = heapq.heappop(heap)
+            g = item[3]
+            if len(g) == 1:  # a lone sample cannot be split: it goes out as it is
+                done.append(item)
+                continue
             half = (len(g) + 1) // 2
-            chosen[i:i + 1] = [g[:half], g[half:]]
-        fills = aligned_fill([Group(tuple(g), True, cost.utilisation([window[p] for p in g])) for g in chosen],
-                             window, cost, self.attention)
-        return [list(g.positions) for g in sorted(fills, key=lambda g: -g.fill)]
+            for part in (g[:half], g[half:]):
+                f = aligned_fill([Group(tuple(part), True, cost.utilisation([window[p] for p in part]))], window, cost,
+                                 self.attention)[0].fill
+                heapq.heappush(heap, (-f, -len(part), made, part))
+                made += 1
+        return [item[3] for item in sorted(heap + done)]
 
     def _pick(self, window: Sequence[Sizes], closed: list[Group], bucket: list[int], real: int,
               summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:

@@ -297,6 +297,19 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "tot += v\n                sq += v * v\n                j -= 1", "tot += v\n                j -= 1",
                ("tests/test_batching_policy.py::test_the_attention_aware_fill_keeps_the_budget_line",),
                "the packing pass's sums of squares leave out the samples topped up from the short end"),
+    # -- the epoch's last round (rules 1 and 5) ----------------------------------------------------------------
+    CodeMutant("last_round_at_the_least_count", "odb/batching/policy.py",
+               "return max(1, max(map(itemgetter(4), live)))", "return max(1, min(map(itemgetter(4), live)))",
+               ("tests/test_batching_policy.py::test_the_epochs_last_round_flushes_every_window_in_one_round_without_fillers",
+                "tests/test_batching_sim.py::test_odb_beats_the_release_algorithm_on_its_long_tail_mix"),
+               "the epoch's last round flushes at the least count of groups: a tail of rounds, fillers on most ranks"),
+    CodeMutant("split_the_group_with_most_samples", "odb/batching/policy.py",
+               "heap = [(-g.fill, -len(g.positions), k,", "heap = [(-len(g.positions), -g.fill, k,",
+               ("tests/test_batching_policy.py::test_extra_batches_split_the_costliest_group_not_the_one_with_most_samples",),
+               "extra batches split the group with the most samples, not the costliest one"),
+    CodeMutant("split_a_lone_sample", "odb/batching/policy.py", "if len(g) == 1:  # a lone sample", "if not g:  # a lone sample",
+               ("tests/test_batching_policy.py::test_partition_keeps_the_contract_for_any_real",),
+               "a lone sample is split into itself and an empty batch"),
 )
 
 
