@@ -292,9 +292,15 @@ def run_grid(full: bool = False, workers: int = 2, progress: bool = True,
     with ProcessPoolExecutor(max_workers=max(1, workers)) as ex:
         for r in tqdm(ex.map(_run, pts), total=len(pts), desc="scale grid", unit="point", disable=not progress):
             rows.append(r)
-    g = GRID_FULL if full else GRID_QUICK
-    return {"grid": {k: (v if not isinstance(v, dict) else {a: list(b) for a, b in v.items()}) for k, v in g.items()},
-            "targets": TARGETS, "beats": list(BEATS), "rows": rows, "seconds": time.monotonic() - t0}
+    return {"grid": _plain(GRID_FULL if full else GRID_QUICK), "targets": TARGETS, "beats": list(BEATS), "rows": rows,
+            "seconds": time.monotonic() - t0}
+
+
+def _plain(v):
+    """`v` with every tuple a list, at any depth (the grid as its JSON holds it; the full grid nests a dict)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return [_plain(x) for x in v] if isinstance(v, (tuple, list)) else v
 
 
 def _where(r) -> str:

@@ -288,3 +288,17 @@ def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
     assert all(p[5] >= 8 * p[2] and p[6] for p in wide)  # 8 W samples per rank, the prototypes beside
     assert sg.at_window(("release", 8, 256, 8192, "padded", 10000, False), 1024)[5] == 10000
     assert not [p for p in sg.points(False) if p[2] != sg.GRID_QUICK["window"]]
+
+
+def test_either_grid_serializes_as_run_grid_hands_it_to_the_writer():
+    # the full grid nests a dict (the default window's points): `make repro-full` once computed every point and
+    # then failed to build its result
+    import json
+
+    from paper_repro import scale_grid as sg
+    for full in (False, True):
+        res = sg.run_grid(full, workers=1, progress=False, pts=[])
+        g = json.loads(json.dumps(res))["grid"]
+        assert g["costs"]["padded"] == list((sg.GRID_FULL if full else sg.GRID_QUICK)["costs"]["padded"])
+        if full:
+            assert g["wide"] == {"window": 1024, "costs": {"padded": [64, 256]}}
