@@ -302,3 +302,20 @@ def test_either_grid_serializes_as_run_grid_hands_it_to_the_writer():
         assert g["costs"]["padded"] == list((sg.GRID_FULL if full else sg.GRID_QUICK)["costs"]["padded"])
         if full:
             assert g["wide"] == {"window": 1024, "costs": {"padded": [64, 256]}}
+
+
+def test_the_epoch_end_report_splits_the_lost_balance_that_the_metrics_see():
+    from odb.core.sim import simulate
+    from paper_repro.bench_grid import point
+    from paper_repro.bench_metrics import metrics
+    from paper_repro.epoch_end import epoch_end
+
+    r = epoch_end("sharegpt4o", 4, 64, 256)
+    pt = point("sharegpt4o", 4, 8192, "padded", 256)
+    sim = simulate([[] for _ in range(4)], pt.cost, window=64, mode="pad", deal=pt.sizes)
+    m = metrics(sim.batches, pt.sizes, pt.cost)
+    assert r["steps"] == m["steps"] and r["rounds"] == sim.rounds
+    assert abs(r["lost"] - m["step_time"] * (1 - m["straggler_eff"])) < 1e-9  # the figure straggler efficiency misses
+    # the end: a round that is not the first, and not after the last batch; some balance is lost there
+    assert 0 < r["end_round"] < r["rounds"] and 0 < r["end_step"] < r["steps"]
+    assert 0 < r["lost_at_end"] < r["lost"]
