@@ -32,6 +32,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
     from odb.runtime.engine import header_layout
 
     from .bench_grid import point
+    from .bench_metrics import metrics
 
     pt = point(dist, world, budget, kind, per_rank, seed)
     layout = header_layout(default_policy().summary_len, window)
@@ -45,15 +46,16 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
         return False
 
     sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round)
+
+    def lost(rows) -> float:  # sum over steps of max - mean: the metrics' step time less their mean rank's
+        m = metrics(rows, pt.sizes, pt.cost)
+        return m["step_time"] * (1.0 - m["straggler_eff"])
+
     steps = max(len(r) for r in sim.batches)
-    lost = []
-    for s in range(steps):
-        c = [pt.cost.utilisation([pt.sizes[i] for i in r[s]]) if s < len(r) and r[s] else 0.0 for r in sim.batches]
-        lost.append(max(c) - sum(c) / world)
     start = sum(sim.targets[:first[0]]) if first else steps
     return {"dist": dist, "world": world, "window": window, "per_rank": per_rank, "cost": kind, "steps": steps,
             "rounds": sim.rounds, "end_round": first[0] if first else sim.rounds, "end_step": start,
-            "lost": sum(lost), "lost_at_end": sum(lost[start:])}
+            "lost": lost(sim.batches), "lost_at_end": lost([r[start:] for r in sim.batches])}
 
 
 def main(argv: list[str] | None = None) -> int:
