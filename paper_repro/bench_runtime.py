@@ -154,7 +154,7 @@ def collective_round(world_size: int, rounds: int = 300, window: int = 256, mode
     the N gathered headers, on rank 0 of `world_size` loopback gloo processes; `mode` None: the runtime's
     (`odb.runtime.transport.counts_mode`)."""
     lay = header_layout(default_policy().summary_len, window)
-    header_len, reduced = lay.length, lay.counts_len + lay.window
+    header_len, reduced = lay.length, lay.counts_len + lay.steps
     mode = mode or counts_mode(world_size, header_len, window)
     ctx = mp.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:

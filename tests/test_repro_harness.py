@@ -201,7 +201,7 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
     res = {"rows": [r], "targets": {**sg.TARGETS, "min_world": 2, "min_window": 16}}
     met = sg.target_lines({**res, "targets": {**res["targets"], "straggler_eff": 0.0, "steps_vs_gmt": 99.0,
                                               "throughput_vs_gmt": 0.0}})
-    assert all(line.split(": ", 1)[1].startswith("MET") for line in met[:3])
+    assert all(line.split(": ", 2)[2].startswith("MET") for line in met[:3])
     missed = sg.target_lines({**res, "targets": {**res["targets"], "straggler_eff": 1.01, "steps_vs_gmt": 0.5,
                                                  "throughput_vs_gmt": 2.0}})
     assert "MISSED at 1/1" in missed[0] and "straggler ceiling" in missed[0]
@@ -217,20 +217,24 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
     assert any(p.endswith(".png") for p in paths)  # the plot against N, per method
 
 
-def test_the_pooled_prototype_hands_each_hosts_batches_to_its_ranks_every_sample_once():
+def test_the_grids_pooled_odb_is_the_shipped_pool_and_its_targets_are_checked_beside_the_default():
     from paper_repro import scale_grid as sg
     from paper_repro.bench_grid import point
+    from odb.core.sim import simulate
 
-    pt = point("mmmix", 16, 4096, "padded", 32)
-    rows, rounds = sg.pooled_schedule(pt.sizes, pt.cost, 16, 8, host=8)
-    assert rounds > 0 and len(rows) == 16 and len({len(r) for r in rows}) == 1  # every rank the same steps
-    assert sorted(i for r in rows for b in r if b for i in b) == list(range(len(pt.sizes)))
-    with pytest.raises(ValueError):
-        sg.pooled_schedule(pt.sizes, pt.cost, 12, 8, host=8)
     r = sg.run_point("mmmix", 16, 8, 4096, "padded", 32, pooled=True)
-    assert sg.POOLED in r["methods"] and r["methods"][sg.POOLED]["predicted"]["samples_per_s"] > 0
+    pooled = r["methods"][sg.POOLED]
+    assert pooled["predicted"]["samples_per_s"] > 0 and pooled["rounds"] > 0
+    pt = point("mmmix", 16, 4096, "padded", 32)  # the same figures as the shipped simulation's own batches
+    sim = simulate([[] for _ in range(16)], pt.cost, window=8, mode="pad", deal=pt.sizes, pool_size=sg.HOST)
+    assert pooled["steps"] == len(sim.batches[0]) and pooled["rounds"] == sim.rounds
     assert sg.POOLED not in sg.run_point("mmmix", 8, 8, 4096, "padded", 32, pooled=True)["methods"]  # one host
     assert 0 <= r["methods"][sg.EXCHANGE]["moved_batches"] <= 1  # the exchange prototype runs beside it
+    lines = sg.target_lines({"rows": [r], "targets": {**sg.TARGETS, "min_world": 2, "min_window": 8}})
+    for key in sg.ODBS:  # each target, for each ODB configuration, and the comparison between the two
+        assert sum(line.startswith(f"- {sg.LABELS[key]}: ") for line in lines) == 3
+        assert sum(line.startswith(f"- {sg.LABELS[key]} must beat") for line in lines) == len(sg.BEATS)
+    assert any(line.startswith(f"- {sg.LABELS[sg.POOLED]} against ODB dealt") for line in lines)
 
 
 def test_the_exchange_prototype_re_deals_a_rounds_batches_by_fill_moving_a_batch_only_when_its_rank_is_taken():

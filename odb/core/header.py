@@ -89,15 +89,21 @@ def reduce_posts(posts: Sequence[Post]) -> Gathered:
 
 
 class HeaderLayout:
-    """Encode and decode headers of one shape (``summary_len``, ``W``, ``ladder_len``)."""
+    """Encode and decode headers of one shape (``summary_len``, ``W``, ``ladder_len``).
 
-    def __init__(self, summary_len: int, window: int, ladder_len: int):
+    ``lanes``: ranks sharing one window (`odb.core.pool`); each posts counts for its own batches, at
+    most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling)."""
+
+    def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1):
         self.summary_len, self.window, self.ladder_len = int(summary_len), int(window), int(ladder_len)
+        if lanes < 1 or self.window % lanes:
+            raise ValueError(f"a window of {window} does not split into {lanes} lanes")
+        self.lanes, self.steps = int(lanes), self.window // int(lanes)
         self._sum = len(_SCALARS)
         self._deal = self._sum + self.summary_len
         self._intake = self._deal + len(_DEAL)
         self.length = self._intake + self.ladder_len
-        self.counts_len = 3 * self.window
+        self.counts_len = 3 * self.steps
 
     def encode(self, *, st: int, round: int, n: int, epoch: int, digest: Sequence[int], summary: Sequence[int],
                taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int]) -> list[int]:
@@ -120,7 +126,7 @@ class HeaderLayout:
         return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:]))
 
     def check_reduced(self, g: Gathered) -> None:
-        """ValueError unless the reduced counts have this layout's shape (3W sums, W maxima)."""
-        if len(g.totals) != self.counts_len or len(g.tokens_max) != self.window:
+        """ValueError unless the reduced counts have this layout's shape (3 steps sums, steps maxima)."""
+        if len(g.totals) != self.counts_len or len(g.tokens_max) != self.steps:
             raise ValueError(f"reduced counts of {len(g.totals)} + {len(g.tokens_max)} ints, the layout holds "
-                             f"{self.counts_len} + {self.window}")
+                             f"{self.counts_len} + {self.steps}")

@@ -34,6 +34,7 @@ from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
 from .header import Gathered, Header, HeaderLayout, Post
 from .info import LoaderStats, StepInfo
+from .pool import lane_of, lane_steps, pool_rows
 from .replica import Replicated
 
 __all__ = ["RankCore", "Out", "Batch", "Item", "Failure", "Interrupted", "OK", "CLOSED", "FAILED", "NO_LABELS_AFTER"]
@@ -73,11 +74,11 @@ class Item(NamedTuple):
 class Batch:
     """One batch on its way to the consumer: samples and, once released, their `StepInfo`."""
 
-    __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info")
+    __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info", "lane")
 
-    def __init__(self, samples, positions, indices, sizes, counts, info=None):
+    def __init__(self, samples, positions, indices, sizes, counts, info=None, lane=0):
         self.samples, self.positions, self.indices = samples, positions, indices
-        self.sizes, self.counts, self.info = sizes, counts, info
+        self.sizes, self.counts, self.info, self.lane = sizes, counts, info, lane
 
     @property
     def filler(self) -> bool:
@@ -108,12 +109,17 @@ class RankCore:
         the budget (may raise).
     :param oversize: "alone" | "skip" | "error".
     :param loss_slot: the `odb.core.info.LOSS_BASES` slot ``loss_scale`` divides by.
+    :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.pool`): this rank's lane in its pool;
+        the core is its pool's replica and releases this lane's batches.  None (a simulation only): the
+        pool's one core releases every lane's batches (`Batch.lane`), posts their counts summed, and
+        reads the P pool headers as gathered.
     """
 
     def __init__(self, *, rank: int, world_size: int, mode: int, policy, cost, replica: Replicated,
                  layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
-                 template: Callable[[], Any]):
+                 template: Callable[[], Any], lane: int | None = 0):
         self.rank, self.world_size, self.mode = rank, world_size, mode
+        self.lanes, self.lane = layout.lanes, lane
         self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
         self.W = layout.window
@@ -129,7 +135,7 @@ class RankCore:
         self._window: list[Item] = []
         self._groups: list[int] = []
         self._held: list[Batch] = []     # this round's batches, released after the next collective
-        self._counts = [0] * (3 * self.W)
+        self._counts = [0] * layout.counts_len
         self._fetched: Item | None = None
         self._prepared: tuple[list[int], list[int]] | None = None
         self._rows: list[Header] = []    # the last collective's headers
@@ -190,6 +196,8 @@ class RankCore:
         if not self.waiting:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
         self._rows = [r if isinstance(r, Header) else self.layout.decode(r) for r in gathered.rows]
+        if self.lane is not None:  # the N ranks' headers -> the P pools' (the rows themselves without pooling)
+            self._rows = pool_rows(self._rows, self.lanes, self.replica.round)
         self.layout.check_reduced(gathered)
         self._totals, self._tokens_max = gathered.totals, gathered.tokens_max
         self._decision = self.replica.decide(self._rows)
@@ -325,15 +333,18 @@ class RankCore:
             abort_err = self._abort_error(self.local["rd"] - 1)
         return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err)
 
+    def _filler(self, lane: int = 0) -> Batch:
+        if self._template is None and self._quit() == OK:
+            try:
+                self._template = self._template_fn()
+            except Exception as e:  # no sample to build a filler from: stop through the table
+                self._fail(e)
+        return Batch([self._template], (), None, (), (0, 0, 0), lane=lane)
+
     def _hold(self, taken: list[Item] | None) -> None:
         k = len(self._held)
         if taken is None:
-            if self._template is None and self._quit() == OK:
-                try:
-                    self._template = self._template_fn()
-                except Exception as e:  # no sample to build a filler from: stop through the table
-                    self._fail(e)
-            b = Batch([self._template], (), None, (), (0, 0, 0))
+            b = self._filler()
         else:
             sizes = tuple(it.sizes[0] for it in taken)
             b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
@@ -341,7 +352,11 @@ class RankCore:
             self.stats.budget_use_sum += self.cost.utilisation([it.sizes for it in taken])
             self.stats.budget_batches += 1
         self._held.append(b)
-        self._counts[3 * k:3 * k + 3] = b.counts
+        lane, m = lane_of(k, self.lanes)
+        if self.lane is None:  # the pool's one core (a simulation): every lane's counts, summed
+            self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
+        elif lane == self.lane:  # this lane's own batches, at its own step index
+            self._counts[3 * m:3 * m + 3] = b.counts
 
     def _post(self, s: machine.Step) -> tuple[Post, dict]:
         if s.payload["shape"] != self.layout.length:
@@ -353,7 +368,7 @@ class RankCore:
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
             summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
             reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake)
-        counts, self._counts = self._counts, [0] * (3 * self.W)
+        counts, self._counts = self._counts, [0] * self.layout.counts_len
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
         return Post(header, counts), trace
@@ -381,19 +396,20 @@ class RankCore:
         ``loss_scale = 0`` on every rank (counted in ``stats.zero_label_steps``); once
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
-        held, self._held = self._held, []
+        held, self._held = self._lanes(self._held), []
         totals = self._totals  # the collective's sum over the ranks
-        for k, b in enumerate(held):
+        for k, b in held:
             g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
             loc, basis_g = b.counts, g[self.loss_slot]
             scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
-            if g[0] > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
-                self.stats.step_tokens_max += self._tokens_max[k]
-                self.stats.step_tokens_mean += g[0] / self.world_size
-            if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
-                self.stats.zero_label_steps += 1
-            self._labels_seen += g[1]
-            self._samples_seen += g[2]
+            if b.lane == (self.lane or 0):  # a step's global figures once (the pool's one core: at lane 0)
+                if g[0] > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
+                    self.stats.step_tokens_max += self._tokens_max[k]
+                    self.stats.step_tokens_mean += g[0] / self.world_size
+                if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
+                    self.stats.zero_label_steps += 1
+                self._labels_seen += g[1]
+                self._samples_seen += g[2]
             b.info = StepInfo(indices=() if b.filler else b.indices, filler=b.filler, local_samples=loc[2],
                               global_samples=g[2], local_tokens=loc[0], global_tokens=g[0],
                               local_label_tokens=loc[1], global_label_tokens=g[1], loss_scale=scale,
@@ -408,7 +424,23 @@ class RankCore:
                 "not one label token (labels all -100, or shift_labels=True on one-token labels): with "
                 "loss_basis='label_tokens' every loss_scale would be 0 and the model would never change. Give "
                 "the samples 'labels', or pass loss_basis='tokens'")
-        return tuple(held), None
+        return tuple(b for _, b in held), None
+
+    def _lanes(self, held: list[Batch]) -> list[tuple[int, Batch]]:
+        """(step index in the round, batch) of this lane's batches of the round in step order (every
+        lane's, lane by lane, when ``lane`` is None): pool batch k is lane ``k mod G``'s step ``k div G``,
+        and a lane one short runs a zero-weight filler (`odb.core.pool`)."""
+        if self.lanes == 1:
+            return list(enumerate(held))
+        steps = lane_steps(len(held), self.lanes)
+        out = []
+        for j in (range(self.lanes) if self.lane is None else (self.lane,)):
+            mine = held[j::self.lanes]
+            for m, b in enumerate(mine):
+                b.lane = j
+                out.append((m, b))
+            out += [(m, self._filler(j)) for m in range(len(mine), steps)]
+        return out
 
     def _count_unemitted(self) -> None:
         left = [it.index for it in self._window]

@@ -43,6 +43,7 @@ from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, MODES, Table
 from .header import REPLICATED, Header
+from .pool import lane_proposal
 from .shared import Shared
 
 __all__ = ["Decision", "Replicated", "proposal_bounds", "round_proposal", "round_target", "table_headers"]
@@ -73,14 +74,15 @@ def round_target(table: Table, inputs: Mapping, cfg: Mapping[str, int]) -> int:
 
 
 def round_proposal(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries: Sequence[Sequence[int]],
-                   policy: Any, round_index: int) -> int:
+                   policy: Any, round_index: int, lanes: int = 1) -> int:
     """The round's proposal: the table's lower bound when its ``abort`` holds on `headers`, else
-    ``policy.propose(summaries, W)``; ProtocolError when outside the table's bounds."""
-    return _decide(table, cfg, headers, summaries, policy, round_index)[0]
+    ``policy.propose(summaries, W)`` (ProtocolError when outside the table's bounds), made a multiple
+    of `lanes` (pooled windows: `odb.core.pool.lane_proposal`)."""
+    return _decide(table, cfg, headers, summaries, policy, round_index, lanes)[0]
 
 
 def _decide(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries: Sequence[Sequence[int]],
-            policy: Any, round_index: int) -> tuple[int, dict]:
+            policy: Any, round_index: int, lanes: int = 1) -> tuple[int, dict]:
     """(`round_proposal`, the collective inputs with it): the aggregates are computed once."""
     lo, hi = proposal_bounds(table, cfg)
     inputs = machine.collective_inputs(table, headers, lo, cfg)
@@ -90,6 +92,7 @@ def _decide(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries
     if not lo <= proposal <= hi:
         raise ProtocolError(f"policy {type(policy).__name__} proposed {proposal}, outside the table's bounds "
                             f"[{lo}, {hi}] in round {round_index}")
+    proposal = lane_proposal(proposal, lanes, hi)
     inputs["proposal"] = proposal  # the aggregates do not depend on the proposal
     return proposal, inputs
 
@@ -104,8 +107,9 @@ class Replicated:
     """This rank's replica of the round decision (see the module docstring).
 
     :param shared: the compared settings.
-    :param world_size: ranks in the loader's group.
-    :param aheads: every rank's prefetch, gathered (rank order).
+    :param world_size: participants in the table: ranks in the loader's group, or pools of
+        ``shared.lanes`` ranks (`odb.core.pool`; the rows are then the pool rows).
+    :param aheads: every participant's prefetch, gathered (rank order; a pool's: `odb.core.pool.pool_aheads`).
     :param policy: the alignment policy (its `propose` must be a pure function of its arguments).
     :param order: the epoch's `DealtOrder` with its first deal applied, or None (fixed shards).
     :param epoch: the pass's epoch, posted every round.
@@ -132,7 +136,8 @@ class Replicated:
         self._agree(rows)
         headers = table_headers(rows, self.shared.header_len)
         summaries = [h.summary for h in rows]  # the decoded tuples, read only: a memo compares them by identity
-        proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round)
+        proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round,
+                                   self.shared.lanes)
         target = round_target(self.table, inputs, self.cfg)
         if self.order is not None and not self.order.done:
             need = round_needs(self.shared.window, target, [(h.n, h.intake) for h in rows], self.aheads)

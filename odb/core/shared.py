@@ -23,10 +23,10 @@ __all__ = ["Shared", "GATHERED", "PARAMETERS", "describe_cost", "describe_policy
 
 GATHERED = ("ahead",)  # per-rank values gathered with the check (each rank's own; not compared)
 # the ODBDataLoader arguments behind each field, for messages
-PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size", "mode": "mode",
+PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, pool_size", "mode": "mode",
               "sharding": "sharding", "header_len": "policy, buffer_size", "policy": "policy",
               "cost": "cost, token_budget", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-              "order": "shuffle, seed, len(dataset)"}
+              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size"}
 
 
 def _crc(text: str) -> int:
@@ -38,7 +38,8 @@ class Shared:
     """What every rank must set alike (see the module docstring).
 
     :param protocol: the ODB version and the table's hash (ranks running other code decide otherwise).
-    :param window: the window W (``buffer_size``).
+    :param window: the window the table runs with: ``buffer_size`` times ``lanes``.
+    :param lanes: ranks per pool sharing one window (``pool_size``; `odb.core.pool`), 1 without pooling.
     :param mode: "pad" | "join" | "quota".
     :param sharding: "fixed" | "dealt".
     :param header_len: ints in one header (`odb.core.header.HeaderLayout.length`).
@@ -60,6 +61,7 @@ class Shared:
     loss_basis: str
     shift_labels: bool
     order: str
+    lanes: int = 1
 
     def vector(self) -> list[int]:
         """One int per field (strings as CRC-32), in field order: what the construction check gathers."""

@@ -28,6 +28,7 @@ from ..batching.policy import default_policy
 from ..errors import ProtocolError
 from ..protocol.table import MODES
 from .header import Gathered, HeaderLayout, Post, reduce_posts
+from .pool import check_pool, pool_aheads
 from .info import LOSS_BASES, LoaderStats
 from .rank import RankCore
 from .replica import Replicated
@@ -137,32 +138,38 @@ class _Setting:
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
     def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str,
-                 share_deals: bool = True):
+                 share_deals: bool = True, lanes: int = 1):
         self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
-        self.aheads = tuple(aheads) if aheads is not None else (0,) * n
+        self.lanes, self.pools = lanes, n // lanes
+        self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, lanes)
         pol = policy()
         self._spare = [pol]  # the first core takes it: one policy per rank, as the runtime builds them
-        self.layout = HeaderLayout(pol.summary_len, window, len(intake_ladder(window)))
-        self.shared = Shared(protocol="sim", window=window, mode=mode, sharding="fixed" if deal is None else "dealt",
+        w = lanes * window  # the table's window: a pool's
+        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes)
+        self.shared = Shared(protocol="sim", window=w, mode=mode, sharding="fixed" if deal is None else "dealt",
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
-                             loss_basis=loss_basis, shift_labels=False, order="sim")
+                             loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes)
         self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
 
-    def core(self, r: int, shard: Sequence, oversize: str) -> tuple[RankCore, _Timed, DealtOrder | None]:
+    def core(self, r: int, shard: Sequence, oversize: str,
+             lane: int | None = 0) -> tuple[RankCore, _Timed, DealtOrder | None]:
+        """Rank r's core; pooled (``lanes`` > 1): pool r's one core (`lane` None), or lane `lane` of pool
+        ``r div lanes``, rank r (a replica, as the runtime runs it)."""
         pol, order = _Timed(self._spare.pop() if self._spare else self.policy()), None
+        pool = r if lane is None else r // self.lanes
         if self.deal is not None:
-            order = DealtOrder(self.keys, self.n, r, first_lead(self.layout.window, self.aheads),
+            order = DealtOrder(self.keys, self.pools, pool, first_lead(self.layout.window, self.aheads),
                                shared_deals=self.deals)
             order.first()
             src = _DealtSource(order, self.deal)
         else:
             src = _ListSource(shard)
-        rep = Replicated(self.shared, world_size=self.n, aheads=self.aheads, policy=pol, order=order, epoch=0)
+        rep = Replicated(self.shared, world_size=self.pools, aheads=self.aheads, policy=pol, order=order, epoch=0)
         core = RankCore(rank=r, world_size=self.n, mode=MODES[self.mode], policy=pol, cost=self.cost, replica=rep,
                         layout=self.layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[self.loss_basis],
-                        stats=LoaderStats(), template=lambda: None)
+                        stats=LoaderStats(), template=lambda: None, lane=lane)
         return core, pol, order
 
 
@@ -170,7 +177,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
              policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
              loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
-             share_deals: bool = True) -> SimResult:
+             share_deals: bool = True, pool_size: int = 1, replicas: bool = False) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
@@ -182,25 +189,33 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     each deal once and each applies it (`DealtOrder`: keyed by the whole dealer state and the inputs,
     so a replica in another state computes its own); False: every replica deals alone (N times the
     dealer's work, the same batches).
+    ``pool_size`` G > 1: pooled windows (`odb.core.pool`; dealt, PAD, G dividing N), ``window`` per rank.
+    By default one core per pool releases every lane's batches (the lanes' cores are its replicas);
+    ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
+    batches; the stats' straggler estimate ``step_tokens_max`` is exact only then).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
     n = len(shards)
     if deal is not None and any(len(s) for s in shards):
         raise ValueError("with deal=..., pass N empty shards")
-    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals)
-    cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize) for r in range(n))))
+    check_pool(n, pool_size, mode, "fixed" if deal is None else "dealt")
+    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size)
+    one = pool_size > 1 and not replicas  # one core per pool
+    lane = (lambda r: None) if one else (lambda r: r % pool_size)  # noqa: E731
+    cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize, lane(r))
+                                          for r in range(setting.pools if one else n))))
     layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
     res = SimResult(out, 0, [[] for _ in range(n)])
     ok = lambda: 0  # noqa: E731 - a simulated rank never stops on its own
     while True:
         before = [p.seconds for p in pols]
-        posts: list = [None] * n
+        posts: list = [None] * len(cores)
         for r, c in enumerate(cores):  # the last round's EMIT rows, then this round's FILL rows, to the post
             while not c.waiting and not c.done:
                 o = c.step(ok)
-                _take(o, r, out, res)
+                _take(o, r, out, res, pool_size if one else 0)
                 if o.post is not None:
                     posts[r] = o.post
         if all(c.done for c in cores):
@@ -213,11 +228,11 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
         g = reduce_posts(posts)  # decoded once for every rank (each runtime rank decodes its own)
         g = g._replace(rows=[layout.decode(h) for h in g.rows])
         for r, c in enumerate(cores):
-            _take(c.collect(g), r, out, res)
+            _take(c.collect(g), r, out, res, pool_size if one else 0)
         res.targets.append(cores[0].decision.target)
         res.decision_s.extend(p.seconds - b for p, b in zip(pols, before))
     for r, c in enumerate(cores):
-        res.unemitted[r] = list(c.stats.unemitted_indices)
+        res.unemitted[r] = list(c.stats.unemitted_indices)  # (pooled: PAD, nothing unemitted)
         res.stats.append(c.stats)
         res.reserve_taken.append(orders[r].reserve_taken if orders[r] is not None else 0)
     return res
@@ -258,10 +273,12 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     return out
 
 
-def _take(o, r: int, out: list, res: SimResult) -> None:
+def _take(o, r: int, out: list, res: SimResult, lanes: int = 0) -> None:
+    """Core r's released batches into ``out`` (``lanes``: core r is pool r's one core, its batches go to
+    the rank of their lane)."""
     err = o.local_error or o.replicated_error or o.abort_error
     if err is not None:
         raise err
     for b in o.release:
-        out[r].append(None if b.filler else list(b.positions))
+        out[r * lanes + b.lane if lanes else r].append(None if b.filler else list(b.positions))
 

@@ -34,9 +34,10 @@ from .transport import HeaderGather, counts_mode
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
 
-def header_layout(summary_len: int, W: int) -> HeaderLayout:
-    """The header layout of a loader with this policy summary length and window."""
-    return HeaderLayout(summary_len, W, len(intake_ladder(W)))
+def header_layout(summary_len: int, W: int, lanes: int = 1) -> HeaderLayout:
+    """The header layout of a loader with this policy summary length and window (per rank), and
+    `lanes` ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``)."""
+    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes)
 
 
 class Engine:
@@ -53,7 +54,7 @@ class Engine:
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
-        self.transport = HeaderGather(group, self.world_size, counts_mode(self.world_size, lay.length, lay.window))
+        self.transport = HeaderGather(group, self.world_size, counts_mode(self.world_size, lay.length, lay.steps))
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{self.rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------

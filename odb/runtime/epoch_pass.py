@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, STEP_INFO_KEY
+from ..core.pool import pool_aheads
 from ..core.rank import Batch, RankCore
 from ..core.replica import Replicated
 from ..core.shared import describe_cost
@@ -196,10 +197,12 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
     sharding gathers every rank's yielded positions first), the source, the filler template, the trace,
     and the rank core its engine drives; returns the started engine."""
     s, done, deal = loader.settings, loader.ledger.done, None
+    lanes = s.pool_size  # pooled windows (`odb.core.pool`): the table's participants are the pools
+    aheads = pool_aheads(loader._aheads, lanes)
     if loader.sharding == "dealt":
         every = {p for rgs in loader._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
-        deal = DealtOrder(Keys.of(order, every), loader.world_size, loader.rank,
-                          lead=first_lead(s.buffer_size, loader._aheads), stats=loader.stats)
+        deal = DealtOrder(Keys.of(order, every), loader.world_size // lanes, loader.rank // lanes,
+                          lead=first_lead(loader.layout.window, aheads), stats=loader.stats)
         deal.first()
         loader._source.start(None, frozenset(), deal=deal)
     else:
@@ -213,17 +216,18 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
         template = functools.partial(first_usable, loader.dataset, order, loader._fits)
     trace = None
     if s.trace_dir is not None:
-        cfg = {"W": s.buffer_size, "mode": MODES[s.mode], "header_len": loader.layout.length}
+        cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length}
         trace = TraceWriter(trace_path(s.trace_dir, loader._loader_id, loader._passes, loader.rank), {
             "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
             "epoch": loader.epoch, "mode": s.mode, "loader": loader._loader_id, "iteration": loader._passes,
-            "policy": type(loader.policy).__name__, "sharding": loader.sharding})
+            "policy": type(loader.policy).__name__, "sharding": loader.sharding, "lanes": lanes})
     loader._passes += 1
-    replica = Replicated(loader.shared, world_size=loader.world_size, aheads=loader._aheads, policy=loader.policy,
+    replica = Replicated(loader.shared, world_size=loader.world_size // lanes, aheads=aheads, policy=loader.policy,
                          order=deal, epoch=loader.epoch)
     core = RankCore(rank=loader.rank, world_size=loader.world_size, mode=MODES[s.mode], policy=loader.policy,
                     cost=loader.cost, replica=replica, layout=loader.layout, source=loader._source,
-                    oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template)
+                    oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
+                    lane=loader.rank % lanes)
     eng = Engine(core=core, source=loader._source, group=loader._group.group, timeout_s=loader.timeout_s, trace=trace,
                  queue_size=max(2, s.buffer_size), stats=loader.stats)
     eng.start()

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset
 
 from ..batching.collate import pad_collate
 from ..core.info import LoaderStats
+from ..core.pool import check_pool
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine
@@ -87,7 +88,7 @@ class ODBDataLoader:
         self.cost, self.policy = s.cost_and_policy()
         if s.filler_sample is not None:
             check_filler(s.filler_sample, self.cost, s)
-        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size)
+        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size, s.pool_size)
         own_order = s.sampler is None and not iterable
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
                                policy=self.policy, num_positions=len(dataset) if own_order else None,
@@ -99,6 +100,8 @@ class ODBDataLoader:
         self._group = LoaderGroup(s.process_group, self.timeout_s)
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self._aheads = self._group.agree(self.shared, self._source.ahead)  # every rank's prefetch, gathered
+        # compared settings and the gathered prefetches: every rank decides alike
+        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self._aheads)
         self.stats = LoaderStats()
         self.ledger = EpochLedger()
         self._loader_id = next(_LOADER_IDS)

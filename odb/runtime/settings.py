@@ -29,7 +29,7 @@ SHARDINGS = ("auto", "dealt", "fixed")
 # field -> the Shared field it is compared as (every rank must set it alike)
 COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "mode": "mode",
             "sharding": "sharding", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-            "shuffle": "order", "seed": "order"}
+            "shuffle": "order", "seed": "order", "pool_size": "lanes"}
 # field -> why it may differ per rank
 RANK_LOCAL = {
     "sampler": "each rank's own indices (its order is then compared as 'own')",
@@ -117,6 +117,15 @@ class LoaderSettings:
     it to at least the longest pause of one rank between two batches (default: torch.distributed's)."""
     trace_dir: str | None = None
     """If set, every rank writes a JSONL trace per pass (`odb.runtime.trace`)."""
+    pool_size: int = 1
+    """Ranks that share one window of ``pool_size * buffer_size`` samples (`odb.core.pool`): consecutive
+    ranks of the loader's group, e.g. the ranks of a host (torchrun's ``--nproc-per-node``).  Only the
+    pools align through the round collective, and a step's batches on a pool's ranks are neighbours in
+    cost: at 64 to 1,024 ranks this closes most of the gap to the offline oracle
+    (``docs/decisions/2026-12-02-pooled-windows.md``).  The price: every rank preprocesses and holds
+    all of its pool's samples (``pool_size`` times the CPU work and the window memory); no sample moves
+    between processes.  Needs ``mode="pad"``, dealt sharding and deterministic preprocessing (a
+    pool's ranks must measure each sample alike, checked every round).  1: no pooling."""
     progress: bool = False
     """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
     is not known ahead, the number of samples is); pass ``progress=(rank == 0)`` for one bar."""
@@ -129,6 +138,8 @@ class LoaderSettings:
             return isinstance(v, int) and not isinstance(v, bool)
         if not (is_int(self.buffer_size) and self.buffer_size >= 1):
             bad("buffer_size", "an int >= 1 (samples per rank per round)")
+        if not (is_int(self.pool_size) and self.pool_size >= 1):
+            bad("pool_size", "an int >= 1 (ranks sharing one window)")
         if not (is_int(self.num_workers) and self.num_workers >= 0):
             bad("num_workers", "an int >= 0")
         if self.prefetch_factor is not None and not (is_int(self.prefetch_factor) and self.prefetch_factor >= 1):
@@ -201,10 +212,10 @@ class LoaderSettings:
         of the loader's own order (None: each rank brings its own samples)."""
         order = "own" if num_positions is None else \
             f"shuffle={self.shuffle} seed={self.seed} positions={num_positions}"
-        return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size,
+        return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size * self.pool_size,
                       mode=self.mode, sharding=sharding, header_len=header_len, policy=describe_policy(policy),
                       cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=shift_labels,
-                      order=order)
+                      order=order, lanes=self.pool_size)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping) -> "LoaderSettings":

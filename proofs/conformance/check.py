@@ -160,8 +160,27 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
     return out
 
 
-def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy) -> None:
-    n = len(ranks)
+def _pooled(posted: dict, n: int, lanes: int, rnd: int, rep: RunReport) -> dict:
+    """The P pool posts the table read of the N ranks' posts of one round (`odb.core.pool.pool_rows`):
+    lane 0's post with the largest status of its pool; a pool's lanes must have posted the same window,
+    summary and replicated fields unless one of them stops."""
+    out = {}
+    for p in range(n // lanes):
+        mine = [posted[p * lanes + j] for j in range(lanes)]
+        st = max(m[1]["st"] for m in mine)
+        if st == 0:
+            for j, m in enumerate(mine[1:], 1):
+                if (m[1], m[2], m[4]) != (mine[0][1], mine[0][2], mine[0][4]):
+                    rep.problems.append(f"round {rnd}: rank {p * lanes + j} posted {m[1]}, {m[2]}, {m[4]}, "
+                                        f"other than rank {p * lanes} of its pool {mine[0][1]}, {mine[0][2]}, "
+                                        f"{mine[0][4]}")
+        out[p] = (mine[0][0], {**mine[0][1], "st": st}, *mine[0][2:])
+    return out
+
+
+def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy, lanes: int = 1) -> None:
+    """Condition 2; with pooled windows (`odb.core.pool`) the collective's rows are the P pools'."""
+    n, pools = len(ranks), len(ranks) // lanes
     by_round: dict[int, dict[int, tuple]] = defaultdict(dict)
     for rank, rk in enumerate(ranks):
         rounds = [p[0] for p in rk.posts]
@@ -173,11 +192,13 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
                                 "(every posted round must be collected)")
         for p in rk.posts:
             by_round[p[0]][rank] = p
+    complete: dict[int, dict[int, tuple]] = {}  # round -> participant -> post, for rounds every rank posted
     for rnd, posted in sorted(by_round.items()):  # also a round no rank collected (a divergence ends it)
         if set(posted) != set(range(n)):
             continue
+        complete[rnd] = posted = _pooled(posted, n, lanes, rnd, rep) if lanes > 1 else posted
         for j, name in enumerate(REPLICATED):
-            vals = [posted[r][4][j] if posted[r][4] else None for r in range(n)]
+            vals = [posted[r][4][j] if posted[r][4] else None for r in range(pools)]
             if len(set(vals)) > 1:
                 rep.problems.append(f"round {rnd}: ranks posted different {name!r}: {vals} by rank")
     lo = evaluate(table.proposal.lo, Scope(cfg=cfg))
@@ -188,21 +209,20 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
     for rank, rk in enumerate(ranks):
         for rnd, coll, read, i in rk.collects:
             where = f"rank {rank} event {i} (round {rnd})"
-            posted = by_round.get(rnd, {})
-            if set(posted) != set(range(n)):
-                rep.problems.append(f"{where}: collected a round that ranks {sorted(set(range(n)) - set(posted))} "
-                                    "never posted")
+            posted = complete.get(rnd, {})
+            if set(posted) != set(range(pools)):
+                rep.problems.append(f"{where}: collected a round that some rank never posted")
                 continue
             expect = [{"st": posted[r][1]["st"], "n": posted[r][1]["n"], "shape": posted[r][1]["shape"]}
-                      for r in range(n)]
+                      for r in range(pools)]
             if coll["headers"] != expect:
                 rep.problems.append(f"{where}: received headers {coll['headers']} != posted {expect}")
-            if coll.get("rounds") != [rnd] * n:
-                rep.problems.append(f"{where}: received round slots {coll.get('rounds')} != {[rnd] * n}")
-            summaries = [posted[r][2] for r in range(n)]
+            if coll.get("rounds") != [rnd] * pools:
+                rep.problems.append(f"{where}: received round slots {coll.get('rounds')} != {[rnd] * pools}")
+            summaries = [posted[r][2] for r in range(pools)]
             if coll["summaries"] != summaries:
                 rep.problems.append(f"{where}: received summaries {coll['summaries']} != posted {summaries}")
-            replicated = [posted[r][4] for r in range(n)]
+            replicated = [posted[r][4] for r in range(pools)]
             if coll.get("replicated") != replicated:
                 rep.problems.append(f"{where}: received replicated fields {coll.get('replicated')} != posted "
                                     f"{replicated}")
@@ -212,7 +232,7 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
                 rep.problems.append(f"{where}: proposal {proposal} outside the table's bounds [{lo}, {hi}]")
             if policy is not None:
                 try:
-                    recomputed = round_proposal(table, cfg, expect, summaries, policy, rnd)
+                    recomputed = round_proposal(table, cfg, expect, summaries, policy, rnd, lanes)
                 except Exception as e:  # noqa: BLE001 - a policy that raises on the posted summaries
                     recomputed = f"{type(e).__name__}: {e}"
                 if recomputed != proposal:
@@ -220,10 +240,11 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
                                         f"summaries = {recomputed}")
             want = machine.collective_inputs(table, expect, proposal, cfg)
             decided[rank][rnd] = (round_target(table, want, cfg), proposal)
-            if rnd > 0 and replicated[rank] and rnd - 1 in decided[rank]:
-                if tuple(replicated[rank][2:4]) != decided[rank][rnd - 1]:
+            mine = replicated[rank // lanes]
+            if rnd > 0 and mine and rnd - 1 in decided[rank]:
+                if tuple(mine[2:4]) != decided[rank][rnd - 1]:
                     rep.problems.append(f"{where}: rank {rank} posted (target, proposal) = "
-                                        f"{tuple(replicated[rank][2:4])} for round {rnd - 1}, which decided "
+                                        f"{tuple(mine[2:4])} for round {rnd - 1}, which decided "
                                         f"{decided[rank][rnd - 1]}")
             if coll["inputs"] != want:
                 rep.problems.append(f"{where}: collective inputs {coll['inputs']} != recomputed {want}")
@@ -265,7 +286,11 @@ def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset
             rep.problems.append(f"rank {m['rank']}: table hash {m['table']} != {table.hash}")
     ranks = [_replay_rank(table, rank, metas[rank][0], metas[rank][1], rep, rank in died) for rank in range(n)]
     policy = _default_policy_if(loaded[0][0].get("policy"))
-    _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy)
+    lanes = {m.get("lanes", 1) for m, _ in loaded}
+    if len(lanes) > 1 or n % max(lanes):
+        rep.problems.append(f"ranks ran with pools of {sorted(lanes)} ranks, world size {n}")
+        return rep
+    _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy, lanes.pop())
     _check_happens_before([metas[rank][1] for rank in range(n)], rep)
     return rep
 

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 G = "tests/test_runtime_guarantees.py::"
 R = "tests/test_runtime_replicas.py::"
 C = "tests/test_conformance.py::"
+P = "tests/test_pool.py::"
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "return (int(ahead),) * self.world_size",
                (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
                "every rank uses its own prefetch for every rank's need (the bug behind issue 12)"),
-    CodeMutant("lead_from_own_prefetch", "odb/runtime/epoch_pass.py", "lead=first_lead(s.buffer_size, loader._aheads)",
-               "lead=first_lead(s.buffer_size, (loader._source.ahead,))",
+    CodeMutant("lead_from_own_prefetch", "odb/runtime/epoch_pass.py", "lead=first_lead(loader.layout.window, aheads)",
+               "lead=first_lead(loader.layout.window, (loader._source.ahead,))",
                (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
                "the first deal's lead reads this rank's own prefetch"),
     CodeMutant("epoch_not_posted", "odb/core/rank.py", "epoch=self.epoch, digest=digest,", "epoch=0, digest=digest,",
@@ -310,6 +311,31 @@ MUTANTS: tuple[CodeMutant, ...] = (
     CodeMutant("split_a_lone_sample", "odb/batching/policy.py", "if len(g) == 1:  # a lone sample", "if not g:  # a lone sample",
                ("tests/test_batching_policy.py::test_partition_keeps_the_contract_for_any_real",),
                "a lone sample is split into itself and an empty batch"),
+    # -- pooled windows (odb.core.pool) --------------------------------------------------------------------------
+    CodeMutant("pool_ignores_a_lanes_stop", "odb/core/pool.py", "st = max(h.st for h in mine)", "st = mine[0].st",
+               (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
+               "a pool's row takes lane 0's status: another lane that stops is not seen"),
+    CodeMutant("pool_lanes_never_compared", "odb/core/pool.py", "        if st == 0:\n", "        if False:\n",
+               (P + "test_pool_rows_refuse_lanes_that_posted_other_headers",
+                P + "test_pooled_ranks_that_measure_a_sample_otherwise_stop_every_rank_loudly"),
+               "lanes that posted other headers are not compared: diverged replicas go on"),
+    CodeMutant("every_lane_takes_lane_zeros_batches", "odb/core/rank.py", "mine = held[j::self.lanes]",
+               "mine = held[0::self.lanes]",
+               (P + "test_one_core_per_pool_emits_what_every_rank_replica_emits",
+                P + "test_the_pooled_loader_emits_the_simulations_batches_with_global_counts"),
+               "every lane releases lane 0's batches: samples repeat and are lost"),
+    CodeMutant("lane_posts_every_batchs_counts", "odb/core/rank.py",
+               "elif lane == self.lane:  # this lane's own batches", "elif True:  # this lane's own batches",
+               (P + "test_the_pooled_loader_emits_the_simulations_batches_with_global_counts",),
+               "a lane posts the counts of its pool's other lanes' batches: wrong global counts"),
+    CodeMutant("pool_proposal_not_rounded", "odb/core/replica.py", "proposal = lane_proposal(proposal, lanes, hi)",
+               "proposal = proposal", (P + "test_one_core_per_pool_emits_what_every_rank_replica_emits",),
+               "the pools' target is not a multiple of the pool size: a filler on some lanes every round"),
+    CodeMutant("pool_prefetch_unchecked", "odb/runtime/loader.py",
+               "check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self._aheads)",
+               "check_pool(self.world_size, s.pool_size, s.mode, self.sharding)",
+               (P + "test_lanes_that_read_ahead_otherwise_are_refused_on_every_rank",),
+               "lanes that read ahead otherwise are not refused (they diverge once a sample is dropped)"),
 )
 
 
