@@ -1,8 +1,12 @@
 """Plain PyTorch DDP loop with ODB (CPU, gloo).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/plain_ddp.py [--mode join] [--accum 2]
+        [--pool-size 2]
 
 Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop in DDP Join.
+``--pool-size G`` pools the windows of G consecutive ranks (a host's, under torchrun: its
+``--nproc_per_node``): each of them preprocesses the pool's samples and trains on its share of the pool's
+batches (`odb.core.pool`; mode "pad").
 """
 
 import argparse
@@ -26,6 +30,7 @@ def main() -> None:
     ap.add_argument("--mode", default="pad", choices=["pad", "join", "quota"])
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--pool-size", type=int, default=1, help="ranks sharing one window (e.g. a host's)")
     a = ap.parse_args()
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")  # the entry point reads the launcher's env; ODB takes the group
@@ -34,7 +39,7 @@ def main() -> None:
     model = DDP(net) if world > 1 else net
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     ds = TinyDataset(64)
-    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, timeout_s=60)
+    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, pool_size=a.pool_size, timeout_s=60)
     budget = a.epochs * len(ds)
     # mode "join": whole epochs, no accumulation and no sample budget (ranks end epochs at different steps)
     join = a.mode == "join"

@@ -11,6 +11,7 @@ What must hold, and what each test pins:
 """
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from odb.batching import make_cost_model
 from odb.core.header import Header
@@ -41,6 +42,40 @@ def test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool():
     assert pool_rows(rows, 2, 0) == [_h(), _h(n=5)]
     stopping = [_h(), _h(st=1, n=2), _h(n=5), _h(n=5)]  # a lane that stops posts another window: no error
     assert [r.st for r in pool_rows(stopping, 2, 0)] == [1, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.data())
+def test_the_table_reads_the_same_collective_inputs_from_the_pool_rows_as_from_every_ranks(pools, lanes, data):
+    """Why the table's proofs for N ranks cover a pooled run: its lanes are the table's N ranks, and
+    reading the P pool rows instead of the N rows changes none of the table's collective inputs (the
+    largest status, the windows' extremes) while no rank stops, and none that the abort round reads when
+    one does, whatever each lane posts, as long as no error is raised."""
+    from odb.core.replica import table_headers
+    from odb.protocol import machine
+    from odb.protocol.table import DGAP
+
+    W = 8
+    rows = []
+    for _ in range(pools):
+        n = data.draw(st.integers(0, W))
+        sts = data.draw(st.lists(st.sampled_from((0, 0, 0, 1, 2)), min_size=lanes, max_size=lanes))
+        # a lane that stops posts its own window (it stopped filling); the others post the pool's
+        rows += [_h(st=s_, n=data.draw(st.integers(0, W)) if s_ else n) for s_ in sts]
+    try:
+        pooled = pool_rows(rows, lanes, 0)
+    except ProtocolError:
+        assert lanes > 1
+        return
+    cfg = {"W": W, "mode": 0, "header_len": 1}
+    got, raw = (machine.collective_inputs(DGAP, table_headers(r, 1), 3, cfg) for r in (pooled, rows))
+    if raw["max_st"] == 0:
+        assert got == raw
+    else:  # some rank stops: every rank takes return_abort, which reads max_st only
+        from odb.protocol.expr import Let, Scope, evaluate
+
+        assert got["max_st"] == raw["max_st"]
+        assert all(evaluate(Let("abort"), Scope(inputs=i, cfg=cfg, lets=DGAP.let_map)) for i in (got, raw))
 
 
 @pytest.mark.parametrize("field, value", [("summary", (1, 3)), ("n", 3), ("cost", 10), ("deal", 8), ("taken", 5)])
@@ -181,6 +216,38 @@ def test_the_pooled_loader_emits_the_simulations_batches_with_global_counts(tmp_
         if sum(s[3] for s in step):
             assert sum(s[5] for s in step) == pytest.approx(world)  # the ranks' loss scales average to 1
     assert_conformant(str(tmp_path / "trace"))
+
+
+def _resume_run(rank, world_size, spec):
+    import odb
+
+    kw = dict(buffer_size=spec["W"], pool_size=spec["lanes"], seed=5, timeout_s=30)
+    first = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), BUDGET, id_collate, **kw)
+    a = []
+    for k, batch in enumerate(first):
+        info = odb.pop_step_info(batch)
+        a += list(info.indices)
+        if k + 1 == spec["stop"]:  # every rank stops at the same step (a checkpoint)
+            break
+    state = first.state_dict()
+    first.close()
+    second = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), BUDGET, id_collate, **kw)
+    second.load_state_dict(state)
+    b = [i for batch in second for i in odb.pop_step_info(batch).indices]
+    second.close()
+    return a, b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [1, 7])
+def test_a_pooled_run_resumed_from_a_checkpoint_emits_every_sample_once(tmp_path, stop):
+    """A pool's window holds samples no lane has yielded at the checkpoint; each lane records only what it
+    yielded, so the resumed pass deals those again and nothing is lost or repeated."""
+    res = run_ranks(_resume_run, 4, tmp_path, args=({"lanes": 2, "W": 8, "stop": stop},), timeout_s=180)
+    assert all(r.status == "ok" for r in res), _failures(res)
+    got = [i for r in res for part in r.value for i in part]
+    assert sorted(got) == sorted(set(range(len(LENGTHS))) - DROPS)
+    assert all(r.value[0] for r in res) and all(r.value[1] for r in res)
 
 
 @pytest.mark.slow
