@@ -186,6 +186,8 @@ def _loader_run(rank, world_size, spec):
     out = []
     try:
         for batch in loader:
+            if spec.get("break_on") == rank and len(out) == 2:
+                break
             info = odb.pop_step_info(batch)
             out.append((None if info.filler else list(info.indices), info.local_samples, info.global_samples,
                         info.local_label_tokens, info.global_label_tokens, info.loss_scale))
@@ -262,6 +264,15 @@ def test_lanes_with_workers_read_their_pools_samples_alike(tmp_path):
     assert got == sorted(set(range(len(LENGTHS))) - DROPS)
     for step in zip(*(r.value for r in res)):
         assert {s[2] for s in step} == {sum(s[1] for s in step)}
+
+
+@pytest.mark.slow
+def test_a_lane_that_stops_early_stops_every_rank_and_the_others_are_told_which_pool(tmp_path):
+    res = run_ranks(_loader_run, 4, tmp_path, args=({"lanes": 2, "W": 8, "break_on": 3},), timeout_s=120)
+    assert res[3].status == "ok" and len(res[3].value) == 2, _failures(res)
+    for r in res[:3]:
+        assert r.status == "error" and r.error_type == "RankFailure", _failures(res)
+        assert "a rank of pool 1 (ranks 2..3) stopped iterating" in r.error, r.error[:500]
 
 
 @pytest.mark.slow

@@ -23,6 +23,10 @@ diverged replicas placed is released: preprocessing that is not deterministic (a
 changes the token count) cannot be pooled.  Each lane posts the loss counts of its own batches only,
 at its own step index, so their sum over the N ranks is each step's global count, in ``3 W`` ints.
 
+A rank's counters (``loader.stats``: drops, empty and over-budget samples, budget use, rounds) count its
+pool's samples and batches, so each of a pool's ranks reports the same; its steps, samples and tokens are
+its own batches'.
+
 Cost against the gain (measured in ``docs/decisions/2026-12-02-pooled-windows.md``): each rank
 preprocesses G times the samples it trains on, and holds a window of G W samples.  Pure: no torch.
 """

@@ -452,7 +452,9 @@ class RankCore:
 
     def _abort_error(self, rnd: int) -> RankFailure:
         bad = [(r, h.st) for r, h in enumerate(self._rows) if h.st != OK]
-        what = "; ".join(f"rank {r} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
+        G = self.lanes  # pooled: the rows are the pools' (`odb.core.pool`)
+        who = (lambda r: f"rank {r}") if G == 1 else (lambda r: f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})")
+        what = "; ".join(f"{who(r)} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
         return RankFailure(
             f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still iterating; "
             "every rank stopped in that round. Every rank must iterate the loader to the end of the epoch, or all "
