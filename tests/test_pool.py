@@ -87,6 +87,20 @@ def test_pool_rows_refuse_lanes_that_posted_other_headers(field, value):
         pool_rows(rows[:3], 2, 0)
 
 
+def test_a_pools_over_budget_slots_come_in_multiples_of_its_ranks_so_a_step_holds_one_level():
+    from odb.batching.policy import OVER, BalancedPolicy, default_policy, over_slots
+
+    over = [[0, 0, 5, 3, 0, 0], [0, 1, 9, 2, 0, 0], [0, 0, 6, 7, 0, 0]]  # 3 participants' over-budget histograms
+    assert over_slots(over, 100)[0] == [2] * 6 + [3] * 2  # the quorum: the 2nd largest holding per level (after lending)
+    levels, own = over_slots(over, 100, lanes=4)
+    assert levels == [2, 2, 2, 2]  # 6 -> 4, 3 -> 0: the rest is carried
+    assert all(len(o) == 4 for o in own) and len(over[0]) == OVER
+    assert over_slots(over, 5, lanes=4)[0] == [2, 2, 2, 2]  # a target cuts the same prefix
+    assert default_policy(4).lanes == 4 and default_policy().lanes == 1
+    with pytest.raises(ConfigError, match="lanes must be an int >= 1"):
+        BalancedPolicy(lanes=0)
+
+
 def test_the_proposal_becomes_the_nearest_multiple_of_the_pool_within_the_bound():
     assert [lane_proposal(p, 1, 64) for p in (1, 5, 64)] == [1, 5, 64]
     assert [lane_proposal(p, 4, 64) for p in (1, 2, 3, 5, 6, 7, 9, 62, 64)] == [4, 4, 4, 4, 8, 8, 8, 64, 64]
@@ -116,19 +130,25 @@ def _order():
     return shard_order(len(LENGTHS), 0, 1, True, 5, 0)
 
 
-def _pooled(world, lanes, W, replicas=False, deal=None):
+def _pooled(world, lanes, W, replicas=False, deal=None, on_round=None):
     cost = make_cost_model("padded", BUDGET)
     order = _order()
     return simulate([[] for _ in range(world)], cost, window=W, mode="pad", pool_size=lanes, replicas=replicas,
-                    deal=deal or [_measure(i) for i in order]), order
+                    deal=deal or [_measure(i) for i in order], on_round=on_round), order
 
 
 @pytest.mark.parametrize("world, lanes, W", [(2, 2, 8), (4, 2, 6), (4, 4, 5), (6, 3, 16), (8, 2, 4), (8, 8, 3)])
 def test_one_core_per_pool_emits_what_every_rank_replica_emits(world, lanes, W):
-    one, order = _pooled(world, lanes, W)
+    from odb.batching import default_policy
+    from odb.runtime.engine import header_layout
+
+    layout, largest = header_layout(default_policy().summary_len, W, lanes), []
+    one, order = _pooled(world, lanes, W, on_round=lambda k, posts: largest.append(
+        max(layout.decode(p.header).n for p in posts)))
     each, _ = _pooled(world, lanes, W, replicas=True)
     assert one.batches == each.batches and one.rounds == each.rounds
-    assert all(t % lanes == 0 for t in one.targets[:-1]), one.targets  # the last may be clamped by the windows
+    # a multiple of the pool size, unless the largest pool window held fewer (the table's clamp; none: the stop)
+    assert all(t % lanes == 0 or t == max(1, n) for t, n in zip(one.targets, largest)), (one.targets, largest)
     rows = one.batches
     assert len({len(r) for r in rows}) == 1, "every rank runs the same steps"
     got = sorted(p for r in rows for b in r if b for p in b)
@@ -176,6 +196,7 @@ def test_the_simulation_refuses_pools_it_cannot_run():
 # -- the runtime -------------------------------------------------------------------------------------------
 def _loader_run(rank, world_size, spec):
     import odb
+    from odb.batching.policy import default_policy
 
     ds = Samples(LENGTHS, drop=DROPS)
     if spec.get("diverge_on") == rank:  # this rank measures its samples otherwise than its pool's other lane
@@ -183,6 +204,7 @@ def _loader_run(rank, world_size, spec):
     loader = odb.ODBDataLoader(ds, BUDGET, id_collate, buffer_size=spec["W"], mode=spec.get("mode", "pad"),
                                pool_size=spec["lanes"], seed=5, timeout_s=30, trace_dir=spec.get("trace_dir"),
                                num_workers=spec.get("workers", {}).get(rank, 0))
+    assert type(loader.policy) is type(default_policy()) and loader.policy.lanes == spec["lanes"]
     out = []
     try:
         for batch in loader:

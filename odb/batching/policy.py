@@ -26,7 +26,10 @@ The rule, a function of the gathered summaries only (every rank computes the sam
    while it has them; a surplus is carried, never dropped; no sample is peeled.
 2. The over-budget quorum: a round opens with over-budget slots, costliest level first; a level gets
    a slot while at least ``ceil(L / 2)`` ranks hold a sample of it (`over_slots`), and a rank holding
-   none lends its fullest group within budget.  Below the quorum such samples are carried.
+   none lends its fullest group within budget.  Below the quorum such samples are carried.  With
+   pooled windows (``lanes`` ranks per participant, `odb.core.pool`) a level's slots come in
+   multiples of ``lanes``: a pool's G consecutive batches are one step on its G ranks, so a step's
+   over-budget batches are then all of one level.
 3. The reservoir: while data flows, with a window of at least 256 and a need of at least 4, the
    need's ordinary slots are halved, rounding up: each rank emits its better half and re-packs the rest.
 4. The shared profile (`profile`): the over-budget slots, then per bucket within budget, costliest
@@ -139,15 +142,16 @@ def _within(plain: float, aligned: float) -> float:
     return aligned if plain > 1.0 else min(aligned, plain)
 
 
-def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], list[list[bool]]]:
+def over_slots(over: Sequence[Sequence[int]], target: int, lanes: int = 1) -> tuple[list[int], list[list[bool]]]:
     """The round's over-budget slots from the ranks' over-budget histograms ``over`` (one
     ``h[0:OVER]`` per rank with data): their levels (buckets, costliest first, at most
     `target`) and, per rank and slot, whether the rank fills the slot with one of its own
     over-budget samples (its costliest one no costlier than the level) or lends a group.
 
     A level gets a slot while at least ``ceil(len(over) / 2)`` ranks hold a sample of exactly
-    that bucket (the quorum; module docstring).  Level by level, costliest first, so a smaller
-    `target` gives a prefix of the same slots.  Pure; the levels do not depend on rank order."""
+    that bucket (the quorum; module docstring), its slots rounded down to a multiple of `lanes`.
+    Level by level, costliest first, so a smaller `target` gives a prefix of the same slots.  Pure;
+    the levels do not depend on rank order."""
     levels: list[int] = []
     if not any(any(h) for h in over):
         return levels, [[]] * len(over)  # read only: one empty list serves every rank
@@ -159,6 +163,7 @@ def over_slots(over: Sequence[Sequence[int]], target: int) -> tuple[list[int], l
         col = [h[lv] for h in held]
         col.sort(reverse=True)
         n = min(col[k - 1], target - len(levels))
+        n -= n % lanes
         if n <= 0:
             continue
         levels += [lv] * n
@@ -264,15 +269,18 @@ class BalancedPolicy:
 
     summary_len = _HEAD + NUM_BUCKETS
 
-    def __init__(self, attention: float = QUADRATIC_B) -> None:
+    def __init__(self, attention: float = QUADRATIC_B, lanes: int = 1) -> None:
         """:param attention: ``a`` of the fill (module docstring, rule 0; `attention_coefficient` gives it
             for a model); 0 aligns on the plain budget fill.  A public attribute: the construction check
             compares it across ranks.
-        :raises ConfigError: a negative or non-finite value."""
+        :param lanes: ranks per participant (the loader's ``pool_size``; rule 2), also compared.
+        :raises ConfigError: a negative or non-finite attention, lanes not an int >= 1."""
         if isinstance(attention, bool) or not isinstance(attention, (int, float)) or not 0 <= attention < float("inf"):
             raise ConfigError(f"BalancedPolicy attention must be a finite number >= 0, got {attention!r}; "
                               "the groups' fills could not be compared; pass e.g. attention_coefficient(...) or 0")
-        self.attention = float(attention)
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise ConfigError(f"BalancedPolicy lanes must be an int >= 1 (the loader's pool_size), got {lanes!r}")
+        self.attention, self.lanes = float(attention), lanes
         self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
         self._round: _Round | None = None
 
@@ -305,7 +313,7 @@ class BalancedPolicy:
         live = [s for s in key if s[1] > 0]
         if any(any(map(itemgetter(_HEAD + b), live)) for b in range(OVER)):  # some rank holds an over-budget sample
             over = [s[_HEAD:_HEAD + OVER] for s in live]
-            slots = over_slots(over, 1 << 30)
+            slots = over_slots(over, 1 << 30, self.lanes)
             within = [s[3] - sum(o) for s, o in zip(live, over)]  # closed groups within budget, per rank
         else:  # none does (the common case): no over-budget slot, nobody lends, every closed group is within budget
             slots, within = ([], [[]] * len(live)), None
@@ -449,7 +457,8 @@ class BalancedPolicy:
         return sorted(taken, key=lambda k: (-closed[k].fill, k))
 
 
-def default_policy() -> BalancedPolicy:
+def default_policy(lanes: int = 1) -> BalancedPolicy:
     """The policy ODB uses unless told otherwise (a fresh instance per rank): `BalancedPolicy` with the
-    default ``attention`` (1/24576, verl's workload estimate ``24576 L + L^2``)."""
-    return BalancedPolicy()
+    default ``attention`` (1/24576, verl's workload estimate ``24576 L + L^2``), for pools of `lanes`
+    ranks (the loader's ``pool_size``)."""
+    return BalancedPolicy(lanes=lanes)

@@ -18,6 +18,7 @@ same order, settings and policy emits the batches `odb.ODBDataLoader` emits with
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -174,7 +175,7 @@ class _Setting:
 
 
 def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: str = "pad",
-             policy: Callable[[], AlignmentPolicy] = default_policy, max_rounds: int = 10**7,
+             policy: Callable[[], AlignmentPolicy] | None = None, max_rounds: int = 10**7,
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
              loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
              share_deals: bool = True, pool_size: int = 1, replicas: bool = False) -> SimResult:
@@ -189,6 +190,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     each deal once and each applies it (`DealtOrder`: keyed by the whole dealer state and the inputs,
     so a replica in another state computes its own); False: every replica deals alone (N times the
     dealer's work, the same batches).
+    ``policy``: a factory of one rank's policy (None: `default_policy` for the pool size, as the loader).
     ``pool_size`` G > 1: pooled windows (`odb.core.pool`; dealt, PAD, G dividing N), ``window`` per rank.
     By default one core per pool releases every lane's batches (the lanes' cores are its replicas);
     ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
@@ -200,6 +202,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     if deal is not None and any(len(s) for s in shards):
         raise ValueError("with deal=..., pass N empty shards")
     check_pool(n, pool_size, mode, "fixed" if deal is None else "dealt")
+    if policy is None:  # the loader's default: `default_policy` for its pool size
+        policy = functools.partial(default_policy, pool_size)
     setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size)
     one = pool_size > 1 and not replicas  # one core per pool
     lane = (lambda r: None) if one else (lambda r: r % pool_size)  # noqa: E731

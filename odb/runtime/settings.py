@@ -191,7 +191,7 @@ class LoaderSettings:
 
         cost = self.cost if isinstance(self.cost, CostModel) and not isinstance(self.cost, (str, Mapping)) \
             else batching.make_cost_model(self.cost, self.token_budget)
-        return cost, self.policy if self.policy is not None else batching.default_policy()
+        return cost, self.policy if self.policy is not None else batching.default_policy(self.pool_size)
 
     def resolved_shift(self, collate_fn) -> bool:
         """``shift_labels`` for this collate (the field's docstring); ConfigError for False with a packing one."""
