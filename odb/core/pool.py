@@ -12,7 +12,7 @@ Every rank of a pool runs the same `odb.core.rank.RankCore` replica on the same 
 no sample moves between processes.  Pool batch k goes to lane ``k mod G`` as that lane's batch
 ``k div G`` of the round (`lane_of`), so one step's batches on a pool's ranks are neighbours in fill,
 and only pools align through the round collective.  A lane left one batch short in a round
-(``T mod G`` lanes get one more) runs a zero-weight filler there (`lane_batches`), so every rank runs
+(``T mod G`` lanes get one more) runs a zero-weight filler there (`odb.core.rank.RankCore`), so every rank runs
 ``ceil(T / G)`` steps a round; `lane_proposal` makes T a multiple of G wherever the table allows it.
 
 The round collective still runs over all N ranks.  `pool_rows` turns the N gathered headers into the
