@@ -78,7 +78,7 @@ GRID_QUICK = {"worlds": (8, 64, 256), "window": 256, "budget": 8192, "per_rank":
               "costs": {"padded": (8, 64, 256), "packed": (8, 64), "quadratic": (8, 64)},
               "paper_points": (("sharegpt4o", 8, 10000),)}
 GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_rank": 2048,
-             "costs": {"padded": (8, 64, 256, 1024), "packed": (8, 64, 256), "quadratic": (8, 64, 256)},
+             "costs": {"padded": (8, 64, 256, 1024), "packed": (8, 64, 256, 1024), "quadratic": (8, 64, 256, 1024)},
              "paper_points": tuple((d, 8, 10000) for d in DISTS),
              # the default window (`buffer_size`) since 2026-12-01, at 8 W samples per rank (`at_window`)
              "wide": {"window": 1024, "costs": {"padded": (64, 256)}}}
@@ -169,9 +169,10 @@ def exchange_schedule(rows, sizes, cost, targets: Sequence[int]) -> tuple[list, 
         for k in range(a, b):
             for r in range(world):
                 bt = rows[r][k] if k < len(rows[r]) else None
-                if bt is not None:
-                    g = Group(tuple(bt), True, cost.utilisation([sizes[i] for i in bt]))
-                    items.append((-aligned_fill([g], sizes, cost, attention)[0].fill, r, k, bt))
+                if bt is not None:  # the batch as a window of its own (a fill reads its samples only)
+                    own = [sizes[i] for i in bt]
+                    g = Group(tuple(range(len(own))), True, cost.utilisation(own))
+                    items.append((-aligned_fill([g], own, cost, attention)[0].fill, r, k, bt))
         items.sort(key=lambda x: x[:3])
         real += len(items)
         for j in range(0, len(items), world):
@@ -497,7 +498,7 @@ def _plot(res: dict, path: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="The cluster-scale grid (module docstring).")
-    ap.add_argument("--full", action="store_true", help="N up to 1024, every cost at N <= 256 (hours on 2 cores)")
+    ap.add_argument("--full", action="store_true", help="N up to 1024, every cost (hours on 2 cores)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--worlds", default="", help="comma-separated: keep only these N")
