@@ -9,6 +9,13 @@ checks that the rank posts exactly the recorded header every round, so what it t
 that was recorded.  The pass is replayed `passes` times in the same process, garbage kept and the
 collector on, so the spread includes the collector's pauses.
 
+With ``pool_size`` G > 1 (pooled windows, `odb.core.pool`) the simulation runs one core per pool and
+records the P = N / G pool headers; the replayed rank is lane ``rank mod G``, a replica, fed the N
+headers as the transport hands them (each pool's header G times: a pool's lanes post identical headers
+or every rank raises).  The reduced counts are the pools' sums: their totals are the lanes' exactly,
+their per-step maxima an upper bound (read by the rank's statistics only).  The replay checks the
+rank's header every round; its counts, its lane's own, are not recorded.
+
 Per round it reports (ms): ``policy`` (summarize + propose + partition: the alignment decision),
 ``collect`` (the WAIT row on the gathered headers: the replicated checks, the policy's propose and
 partition, the deal), ``decode`` (the N headers into fields), ``local`` (the EMIT/FILL rows before
@@ -64,21 +71,25 @@ def _setting(a: dict):
 
 
 def record(a: dict, path: str) -> dict:
-    """Simulate `a` (dist, world, window, budget, kind, per_rank, seed, rounds; dealt sharding, the default
-    policy) and save, for the first ``a["rounds"]`` rounds, what rank ``a["rank"]`` posted and what the
-    collective returned (the N headers and the reduced counts) to `path` (.npz)."""
+    """Simulate `a` (dist, world, window, budget, kind, per_rank, seed, rounds, pool_size; dealt sharding,
+    the default policy for the pool size) and save, for the first ``a["rounds"]`` rounds, what rank
+    ``a["rank"]`` posted and what the collective returned (the N headers, the P pools' when pooled, and the
+    reduced counts) to `path` (.npz)."""
     sizes, cost = _setting(a)
+    G = a.get("pool_size", 1)
+    mine = a["rank"] // G  # the post the rank's own matches: its pool's (one core per pool)
     keep: dict[str, list] = {"heads": [], "totals": [], "maxes": [], "mine_h": [], "mine_c": []}
 
     def on_round(k, posts):
         g = reduce_posts(posts)
         for name, v in (("heads", g.rows), ("totals", g.totals), ("maxes", g.tokens_max),
-                        ("mine_h", posts[a["rank"]].header), ("mine_c", posts[a["rank"]].counts)):
+                        ("mine_h", posts[mine].header), ("mine_c", posts[mine].counts)):
             keep[name].append(np.asarray(v, dtype=np.int64))
         return len(keep["heads"]) >= a["rounds"]
 
     t0 = time.perf_counter()
-    simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round)
+    simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round,
+             pool_size=G)
     arrs = {k: np.stack(v) for k, v in keep.items()}
     np.savez(path, **arrs)
     return {"rounds": len(keep["heads"]), "header_ints": int(arrs["heads"].shape[2]),
@@ -89,6 +100,7 @@ def replay(a: dict, path: str) -> list[dict]:
     """In this process: rank ``a["rank"]`` alone, ``a["passes"]`` passes over the recorded rounds."""
     sizes, cost = _setting(a)
     z = dict(np.load(path))
+    G = a.get("pool_size", 1)
 
     class Rounds:  # each round as the transport hands it to the core (int lists), built when it is reached:
         # a rank holds one round's headers at a time, so the collector sees what a rank's process holds
@@ -96,15 +108,16 @@ def replay(a: dict, path: str) -> list[dict]:
             return z["heads"].shape[0]
 
         def __iter__(self):
-            for k in range(len(self)):
-                yield (Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
-                       Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()))
+            for k in range(len(self)):  # pooled: each pool's header G times; the lane's counts unrecorded
+                yield (Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist() if G == 1 else None),
+                       Gathered(np.repeat(z["heads"][k], G, axis=0).tolist(), z["totals"][k].tolist(),
+                                z["maxes"][k].tolist()))
 
     rounds = Rounds()
     out = []
     for _ in range(a["passes"]):
         out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
-                           mode="pad", deal=sizes)
+                           mode="pad", deal=sizes, pool_size=G)
     return out
 
 
@@ -115,17 +128,21 @@ def _pct(xs: list[float], q: float) -> float:
 
 def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
                       kind: str = "padded", per_rank: int = 2048, rounds: int = 6, passes: int = 16,
-                      rank: int = 0, seed: int = 0, recorded: str | None = None) -> dict:
+                      rank: int = 0, seed: int = 0, recorded: str | None = None, pool_size: int = 1) -> dict:
     """Record `rounds` rounds of an N-rank simulation, replay them on one rank in a fresh process;
     median / p99 / max per part (ms) over rounds x passes, each replayed round's figures (``per_round``,
     pass-major), and the targets' verdicts.  ``recorded``: an .npz path to keep the recording at, or to
-    reuse one already there (recording 1024 ranks takes minutes; the replay seconds)."""
+    reuse one already there (recording 1024 ranks takes minutes; the replay seconds).  ``pool_size``:
+    pooled windows (module docstring), the window W per rank."""
     a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
-             rounds=rounds, passes=passes, rank=rank)
+             rounds=rounds, passes=passes, rank=rank, pool_size=pool_size)
     with tempfile.TemporaryDirectory(prefix="odb_decision_") as tmp:
         path = recorded or os.path.join(tmp, "posts.npz")
         if recorded and os.path.exists(recorded):
             with np.load(recorded) as z:
+                if z["heads"].shape[1] * pool_size != world:
+                    raise ValueError(f"{recorded} holds {z['heads'].shape[1]} headers a round, "
+                                     f"not {world} / {pool_size}")
                 rec = {"rounds": int(z["heads"].shape[0]), "header_ints": int(z["heads"].shape[2]),
                        "reduced_ints": int(z["totals"].shape[1] + z["maxes"].shape[1]), "record_s": None}
         else:
@@ -163,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--passes", type=int, default=16)
+    ap.add_argument("--per-rank", type=int, default=2048, help="samples per rank in the epoch")
+    ap.add_argument("--pool-size", type=int, default=1, help="pooled windows of this many ranks (W per rank)")
     ap.add_argument("--recorded", default=None, help="keep (or reuse) the recording at this .npz path")
     args = ap.parse_args(argv)
     if args.replay:
         print(json.dumps(replay(json.loads(args.replay[0]), args.replay[1])))
         return 0
     print(json.dumps(decision_at_scale(world=args.world, window=args.window, rounds=args.rounds,
-                                       passes=args.passes, recorded=args.recorded), indent=1))
+                                       per_rank=args.per_rank, passes=args.passes, recorded=args.recorded,
+                                       pool_size=args.pool_size), indent=1))
     return 0
 
 

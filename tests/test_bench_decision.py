@@ -62,3 +62,46 @@ def test_decision_at_scale_end_to_end_on_a_small_point():
     for part in ("policy", "collect", "decode", "local"):
         assert 0 <= out[part]["median_ms"] <= out[part]["p99_ms"] <= out[part]["max_ms"]
     assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms"}
+
+
+def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_posts_stand_for_its_lanes():
+    """Pooled windows: every lane replayed on its exact run (every rank's own core) posts what it posted;
+    the one-core-per-pool run's posts, each pool's header G times, are the N headers the transport hands
+    a lane and their summed counts the reduced totals (the maxima: an upper bound), as bench_decision
+    records them."""
+    world, G, window = 4, 2, 8
+    sizes = sample_lengths("sharegpt4o", world * 48, 3)
+    cost = make_cost_model("padded", 4096)
+    exact, pooled = [], []
+    simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G, replicas=True,
+             on_round=lambda k, p: exact.append(list(p)))
+    simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G,
+             on_round=lambda k, p: pooled.append(list(p)))
+    assert len(exact) == len(pooled) >= 3
+    for ex, po in zip(exact, pooled):
+        g, h = reduce_posts(ex), reduce_posts(po)
+        assert [list(x) for x in g.rows] == [list(po[r // G].header) for r in range(world)]
+        assert list(g.totals) == list(h.totals)
+        assert all(a <= b for a, b in zip(g.tokens_max, h.tokens_max))
+    assert any(a < b for ex, po in zip(exact, pooled)
+               for a, b in zip(reduce_posts(ex).tokens_max, reduce_posts(po).tokens_max))  # the bound is not exact
+    for r in range(world):
+        got = replay_rank(r, _rounds(exact, r), [[] for _ in range(world)], cost, window=window, deal=sizes,
+                          pool_size=G)
+        assert len(got) == len(exact)
+        as_recorded = [(Post(po[r // G].header, None), reduce_posts(po)._replace(
+            rows=[po[q // G].header for q in range(world)])) for po in pooled]
+        assert len(replay_rank(r, as_recorded, [[] for _ in range(world)], cost, window=window, deal=sizes,
+                               pool_size=G)) == len(pooled)
+    wrong = _rounds(exact, 1)  # lane 1 fed as lane 0: its own counts differ
+    with pytest.raises(ProtocolError, match="post differs"):
+        replay_rank(0, wrong, [[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G)
+
+
+@pytest.mark.slow  # a subprocess replays (imports odb; ~5 s)
+def test_decision_at_scale_pooled_end_to_end_on_a_small_point():
+    from paper_repro.bench_decision import decision_at_scale
+
+    out = decision_at_scale(world=4, window=8, budget=4096, per_rank=64, rounds=3, passes=2, pool_size=2, rank=3)
+    assert out["rounds"] == 3 and out["samples"] == 6 and out["pool_size"] == 2
+    assert out["policy"]["median_ms"] > 0

@@ -243,18 +243,23 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
 
 
 def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequence[Sequence], cost: CostModel, *,
-                window: int, mode: str = "pad", policy: Callable[[], AlignmentPolicy] = default_policy,
+                window: int, mode: str = "pad", policy: Callable[[], AlignmentPolicy] | None = None,
                 deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-                loss_basis: str = "label_tokens") -> list[dict]:
+                loss_basis: str = "label_tokens", pool_size: int = 1) -> list[dict]:
     """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
     this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
     vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
     process): per round ``{"decode_s", "collect_s", "policy_s", "local_s"}``: decoding the N headers,
     the WAIT row on them (the replicated decision and the deal), the policy's part of this round
     (summarize, propose, partition), and the EMIT/FILL rows before the post.  Raises ProtocolError if
-    this rank posts other than the recorded post (the replay is not the recorded run)."""
-    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis)
-    core, pol, _ = setting.core(rank, shards[rank], oversize)
+    this rank posts other than the recorded post (the replay is not the recorded run); a recorded post
+    with counts None has its header checked only.  ``pool_size`` G > 1: the rank is lane ``rank mod G``
+    of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it."""
+    check_pool(len(shards), pool_size, mode, "fixed" if deal is None else "dealt")
+    if policy is None:
+        policy = functools.partial(default_policy, pool_size)
+    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, lanes=pool_size)
+    core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size)
     ok = lambda: 0  # noqa: E731
     out = []
     for k, (mine, g) in enumerate(rounds):
@@ -264,7 +269,8 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
             o = core.step(ok)
             post = o.post if o.post is not None else post
         t1 = time.perf_counter()
-        if post is None or list(post.header) != list(mine.header) or list(post.counts) != list(mine.counts):
+        if post is None or list(post.header) != list(mine.header) or \
+                (mine.counts is not None and list(post.counts) != list(mine.counts)):
             raise ProtocolError(f"replay of rank {rank}: round {k}'s post differs from the recorded one")
         rows = [setting.layout.decode(h) for h in g.rows]
         t2 = time.perf_counter()
