@@ -17,7 +17,9 @@ Four figures, each printed and returned by `main(out_dir)`:
    time.  Target: < 2 %.
 4. ``decision``: one rank's process replaying its core on the recorded collectives of 1024 ranks,
    W = 1024, GC on (`paper_repro.bench_decision`).  Targets: the policy's time per round, median
-   < 1 ms and p99 < 5 ms (`bench_decision.TARGETS`).
+   < 1 ms and p99 < 5 ms (`bench_decision.TARGETS`).  ``decision_pooled``: the same for pooled windows
+   at the default's window memory (`POOLED`: ``pool_size=8``, W = 128 per rank, a pool's window of
+   1,024), checked against the same targets.
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
@@ -49,6 +51,9 @@ from . import bench_decision
 __all__ = ["main", "loader_overhead", "collective_round", "collective_scaling", "training_wait"]
 
 TARGETS = {"us_per_sample": 50.0, "ms_per_round_4": 5.0, "wait_fraction": 0.02}
+# Pooled windows' decision, measured beside the default's: 8 ranks a pool, each rank's window W = 128, so a
+# pool's window (what every lane packs) is the default's 1,024 and a rank holds as many samples.
+POOLED = {"pool_size": 8, "window": 128}
 
 
 def _lengths(n: int, seed: int) -> list[int]:
@@ -260,6 +265,7 @@ def main(out_dir) -> dict:
     figures["collective"] = collective_scaling()
     figures["training"] = training_wait()
     figures["decision"] = bench_decision.decision_at_scale()
+    figures["decision_pooled"] = bench_decision.decision_at_scale(**POOLED)
     dec = figures["decision"]
     c4 = next(r["ms_per_round_median"] for r in figures["collective"]["runs"]
               if r["world_size"] == 4 and r["window"] == 256 and r["runtime"])
@@ -269,8 +275,9 @@ def main(out_dir) -> dict:
         "ms_per_round at 4 ranks < 5": [round(c4, 3), c4 < TARGETS["ms_per_round_4"]],
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
-        **{f"decision policy {k[7:].replace('_ms', '')} at N={dec['world']} W={dec['window']} < "
-           f"{v:g} ms": [round(dec["policy"][k[7:]], 3), dec["verdicts"][k]]
+        **{f"decision policy {k[7:].replace('_ms', '')} at N={d['world']} W={d['window']}"
+           f"{f' pool_size={g}' if g > 1 else ''} < {v:g} ms": [round(d["policy"][k[7:]], 3), d["verdicts"][k]]
+           for d in (dec, figures["decision_pooled"]) for g in (d["pool_size"],)
            for k, v in bench_decision.TARGETS.items()},
     }
     for r in figures["collective"]["runs"]:
@@ -280,11 +287,13 @@ def main(out_dir) -> dict:
     for m in figures["collective"]["model"]:
         print(f"round collective, MODEL (not measured): N={m['world_size']} W={m['window']}: gather "
               f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, {m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
-    print(f"decision, one rank of N={dec['world']} W={dec['window']} ({dec['samples']} rounds x passes, GC on): "
-          + ", ".join(f"{p} median {dec[p]['median_ms']:.3f} ms p99 {dec[p]['p99_ms']:.3f} max {dec[p]['max_ms']:.3f}"
-                      f" (past the first two rounds: {dec[p].get('later_median_ms', 0):.3f} / "
-                      f"{dec[p].get('later_p99_ms', 0):.3f})" for p in ("policy", "collect", "decode", "local"))
-          + f"; {dec['received_bytes'] / 1e6:.2f} MB received per round ({dec['transport']})")
+    for d in (dec, figures["decision_pooled"]):
+        print(f"decision, one rank of N={d['world']} W={d['window']} pool_size={d['pool_size']} ({d['samples']} "
+              "rounds x passes, GC on): "
+              + ", ".join(f"{p} median {d[p]['median_ms']:.3f} ms p99 {d[p]['p99_ms']:.3f} max {d[p]['max_ms']:.3f}"
+                          f" (past the first two rounds: {d[p].get('later_median_ms', 0):.3f} / "
+                          f"{d[p].get('later_p99_ms', 0):.3f})" for p in ("policy", "collect", "decode", "local"))
+              + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']})")
     for name, (value, met) in figures["targets"].items():
         print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}")
     out = Path(out_dir)
