@@ -251,6 +251,23 @@ def test_the_exchange_prototype_re_deals_a_rounds_batches_by_fill_moving_a_batch
     assert sg.exchange_schedule(rows, sizes, cost, [1, 1, 1])[0] == rows  # one step per round: nothing to re-deal
 
 
+def test_the_exchange_prototype_orders_packed_batches_by_their_attention_aware_fill():
+    from paper_repro import scale_grid as sg
+    from odb.batching import default_policy, make_cost_model
+    from odb.batching.grouping import Group
+    from odb.batching.policy import aligned_fill
+
+    # packed: [0] holds one 6,000-token sample, [1, 2] two of 3,000 - the same tokens (plain fills tie, and a tie
+    # keeps the step order), but the fill weighs L (1 + a L), so [0] is the fuller batch and runs first
+    sizes, cost = [(6000,), (3000,), (3000,), (100,)], make_cost_model("packed", 8192)
+    rows = [[[1, 2], [0], [3]]]
+    out, moved = sg.exchange_schedule(rows, sizes, cost, [3])
+    fills = [aligned_fill([Group(tuple(b), True, cost.utilisation([sizes[i] for i in b]))], sizes, cost,
+                          default_policy().attention)[0].fill for b in ([0], [1, 2], [3])]
+    assert fills[0] > fills[1] > fills[2]  # what the order reads, on the epoch's window as the policy sees it
+    assert out == [[[0], [1, 2], [3]]] and moved["moved_batches"] == 0  # steps change, ranks do not
+
+
 def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
     unit = cs.StepModel(flop_per_token=1.0, flop_per_l2=0.0, peak=1.0, mfu=1.0, knee_tokens=0.0, c_fixed=0.0,
                         grad_bytes=0.0, alpha_intra=0.0, alpha_inter=0.0, overlap=0.0)  # compute([L]) = L
