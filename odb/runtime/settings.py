@@ -82,7 +82,8 @@ class LoaderSettings:
     first batch of an epoch waits for the first W.  The default is the paper's recipes' window; with
     large per-sample tensors (images) size it to host memory: 2W samples on each of a host's ranks.
     Measured effects: ``docs/decisions/2026-11-29-window-size.md`` and, at 64 to 256 ranks,
-    ``docs/decisions/2026-12-01-window-1024.md``."""
+    ``docs/decisions/2026-12-01-window-1024.md``; at 64 ranks 2,048 predicts 0.970-0.992x the offline
+    oracle's throughput (``docs/decisions/2026-12-02-pooled-windows.md``)."""
     mode: str = "pad"
     """"pad" (equal steps, zero-weight fillers, every sample once), "join" (every sample once; ranks
     finish at different steps; the model side uses DDP ``Join``) or "quota" (equal steps, no fillers;
@@ -121,10 +122,10 @@ class LoaderSettings:
     """Ranks that share one window of ``pool_size * buffer_size`` samples (`odb.core.pool`): consecutive
     ranks of the loader's group, e.g. the ranks of a host (torchrun's ``--nproc-per-node``).  Only the
     pools align through the round collective, and a step's batches on a pool's ranks are neighbours in
-    cost: at 64 to 1,024 ranks this closes most of the gap to the offline oracle
-    (``docs/decisions/2026-12-02-pooled-windows.md``).  The price: every rank preprocesses and holds
-    all of its pool's samples (``pool_size`` times the CPU work and the window memory); no sample moves
-    between processes.  Needs ``mode="pad"``, dealt sharding and deterministic preprocessing (a
+    cost.  Measured, it balances as well as ``pool_size=1`` with a ``pool_size`` times larger
+    ``buffer_size`` and no better (``docs/decisions/2026-12-02-pooled-windows.md``), so raise
+    ``buffer_size`` first.  The price: every rank preprocesses and holds all of its pool's samples
+    (``pool_size`` times the CPU work and the window memory); no sample moves between processes.  Needs ``mode="pad"``, dealt sharding and deterministic preprocessing (a
     pool's ranks must measure each sample alike, checked every round).  1: no pooling."""
     progress: bool = False
     """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
