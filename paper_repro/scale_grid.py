@@ -359,7 +359,9 @@ def target_lines(res: dict) -> list[str]:
         gain = [r["methods"][POOLED]["predicted"]["samples_per_s"] / base(r)["predicted"]["samples_per_s"]
                 for r in pooled]
         lines.append(f"- {LABELS[POOLED]} against ODB dealt (pool_size=1), same points: faster at {better}/"
-                     f"{len(pooled)}, {min(gain):.3f}-{max(gain):.3f} x its predicted throughput")
+                     f"{len(pooled)}, {min(gain):.3f}-{max(gain):.3f} x its predicted throughput (pooled packs "
+                     f"{HOST} x the window: at the same window the two balance alike, "
+                     "docs/decisions/2026-12-02-pooled-windows.md)")
     acc = [(base(r)["accum_throughput_vs_gmt"], r) for r in pts]
     v, r = min(acc, key=lambda x: x[0])
     lines.append(f"- context, not a target: at {ACCUM} micro-batches per optimizer step (no_sync), ODB's predicted "
