@@ -44,7 +44,7 @@ from odb.runtime.transport import counts_mode
 
 from .distributions import sample_lengths
 
-__all__ = ["record", "replay", "decision_at_scale", "TARGETS"]
+__all__ = ["record", "replay", "as_rank_sees", "decision_at_scale", "TARGETS"]
 
 # The issue's targets for one rank's decision per round at N = 1024, W = 1024 (ms).
 TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0}
@@ -96,6 +96,16 @@ def record(a: dict, path: str) -> dict:
             "reduced_ints": int(arrs["totals"].shape[1] + arrs["maxes"].shape[1]), "record_s": time.perf_counter() - t0}
 
 
+def as_rank_sees(mine: Post, recorded: Gathered, pool_size: int = 1) -> tuple[Post, Gathered]:
+    """One recorded round as `replay_rank` takes it: unpooled, as recorded; pooled (one post per pool
+    recorded), each pool's header `pool_size` times (what the transport hands a lane) and the post's counts
+    dropped (the pool's sums, not the lane's own: only the header is checked)."""
+    if pool_size == 1:
+        return mine, recorded
+    rows = [h for h in recorded.rows for _ in range(pool_size)]
+    return Post(mine.header, None), recorded._replace(rows=rows)
+
+
 def replay(a: dict, path: str) -> list[dict]:
     """In this process: rank ``a["rank"]`` alone, ``a["passes"]`` passes over the recorded rounds."""
     sizes, cost = _setting(a)
@@ -108,10 +118,9 @@ def replay(a: dict, path: str) -> list[dict]:
             return z["heads"].shape[0]
 
         def __iter__(self):
-            for k in range(len(self)):  # pooled: each pool's header G times; the lane's counts unrecorded
-                yield (Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist() if G == 1 else None),
-                       Gathered(np.repeat(z["heads"][k], G, axis=0).tolist(), z["totals"][k].tolist(),
-                                z["maxes"][k].tolist()))
+            for k in range(len(self)):
+                yield as_rank_sees(Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
+                                   Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()), G)
 
     rounds = Rounds()
     out = []

@@ -69,6 +69,8 @@ def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_
     the one-core-per-pool run's posts, each pool's header G times, are the N headers the transport hands
     a lane and their summed counts the reduced totals (the maxima: an upper bound), as bench_decision
     records them."""
+    from paper_repro.bench_decision import as_rank_sees
+
     world, G, window = 4, 2, 8
     sizes = sample_lengths("sharegpt4o", world * 48, 3)
     cost = make_cost_model("padded", 4096)
@@ -89,8 +91,9 @@ def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_
         got = replay_rank(r, _rounds(exact, r), [[] for _ in range(world)], cost, window=window, deal=sizes,
                           pool_size=G)
         assert len(got) == len(exact)
-        as_recorded = [(Post(po[r // G].header, None), reduce_posts(po)._replace(
-            rows=[po[q // G].header for q in range(world)])) for po in pooled]
+        as_recorded = [as_rank_sees(po[r // G], reduce_posts(po), G) for po in pooled]  # as bench_decision feeds it
+        assert all(g.rows == [list(po[q // G].header) for q in range(world)] and mine.counts is None
+                   for (mine, g), po in zip(as_recorded, pooled))
         assert len(replay_rank(r, as_recorded, [[] for _ in range(world)], cost, window=window, deal=sizes,
                                pool_size=G)) == len(pooled)
     wrong = _rounds(exact, 1)  # lane 1 fed as lane 0: its own counts differ
