@@ -7,7 +7,10 @@ fresh process (``python -m paper_repro.bench_decision --replay``) builds ONE ran
 runtime's `RankCore` through `odb.core.sim.replay_rank`, and feeds it those headers.  The replay
 checks that the rank posts exactly the recorded header every round, so what it times is the run
 that was recorded.  The pass is replayed `passes` times in the same process, garbage kept and the
-collector on, so the spread includes the collector's pauses.
+collector on, so the spread includes the collector's pauses.  A full collection walks every object of
+the process, its imports' too (torch's among them: about 170,000), so it is replayed a second time
+after ``gc.freeze()`` (``gc_frozen``: what a training script that freezes after its setup sees; the
+collector then walks what was made since, the rank's own state).
 
 With ``pool_size`` G > 1 (pooled windows, `odb.core.pool`) the simulation runs one core per pool and
 records the P = N / G pool headers; the replayed rank is lane ``rank mod G``, a replica, fed the N
@@ -26,6 +29,7 @@ the post).  Decoding the headers grows with N; the loss counts are reduced, not 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -123,6 +127,8 @@ def replay(a: dict, path: str) -> list[dict]:
                                    Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()), G)
 
     rounds = Rounds()
+    if a.get("gc_freeze"):  # what a training script may do after its setup: the collector skips what exists now
+        gc.freeze()
     out = []
     for _ in range(a["passes"]):
         out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
@@ -135,12 +141,36 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def _replay_process(a: dict, path: str) -> list[dict]:
+    """`replay` in a fresh process (what one rank's process holds: its imports, one rank's state)."""
+    proc = subprocess.run([sys.executable, "-m", "paper_repro.bench_decision", "--replay", json.dumps(a), path],
+                          capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"replay failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _parts(rows: list[dict], rounds: int) -> dict:
+    """Median / p99 / max ms per part over the replayed rounds, and the same past each pass's first two
+    rounds (they deal the first N x W positions; the rest deal what was consumed)."""
+    out = {}
+    later = [r for i, r in enumerate(rows) if i % rounds >= 2]
+    for part in ("policy", "collect", "decode", "local"):
+        xs = [1e3 * r[part + "_s"] for r in rows]
+        out[part] = {"median_ms": statistics.median(xs), "p99_ms": _pct(xs, 0.99), "max_ms": max(xs)}
+        if later:
+            ys = [1e3 * r[part + "_s"] for r in later]
+            out[part].update(later_median_ms=statistics.median(ys), later_p99_ms=_pct(ys, 0.99))
+    return out
+
+
 def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
                       kind: str = "padded", per_rank: int = 2048, rounds: int = 6, passes: int = 16,
                       rank: int = 0, seed: int = 0, recorded: str | None = None, pool_size: int = 1) -> dict:
     """Record `rounds` rounds of an N-rank simulation, replay them on one rank in a fresh process;
     median / p99 / max per part (ms) over rounds x passes, each replayed round's figures (``per_round``,
-    pass-major), and the targets' verdicts.  ``recorded``: an .npz path to keep the recording at, or to
+    pass-major), the same figures replayed after ``gc.freeze()`` (``gc_frozen``; module docstring), and the
+    targets' verdicts (GC as it is).  ``recorded``: an .npz path to keep the recording at, or to
     reuse one already there (recording 1024 ranks takes minutes; the replay seconds).  ``pool_size``:
     pooled windows (module docstring), the window W per rank."""
     a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
@@ -157,26 +187,16 @@ def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int =
         else:
             rec = record(a, path)
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "paper_repro.bench_decision", "--replay", json.dumps(a), path],
-                              capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if proc.returncode != 0:
-            raise RuntimeError(f"replay failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows, frozen = (_replay_process(dict(a, gc_freeze=f), path) for f in (False, True))
         replay_s = time.perf_counter() - t0
     h, red = rec["header_ints"], rec["reduced_ints"]  # red = 4W: 3W counts and W tokens
     mode = counts_mode(world, h, window)  # what the transport runs at this N and W, and receives per round
     got = world * (h + red * 3 // 4) if mode == "gather" else 2 * (world - 1) / world * (world * h + red)
     out = {**a, **rec, "replay_s": replay_s, "samples": len(rows), "header_bytes": 8 * h, "transport": mode,
            "received_bytes": 8 * got}
-    later = [r for i, r in enumerate(rows) if i % rec["rounds"] >= 2]  # past each pass's first two deals
-    for part in ("policy", "collect", "decode", "local"):
-        xs = [1e3 * r[part + "_s"] for r in rows]
-        out[part] = {"median_ms": statistics.median(xs), "p99_ms": _pct(xs, 0.99), "max_ms": max(xs)}
-        if later:  # the first two rounds deal the first N x W positions; the rest deal what was consumed
-            ys = [1e3 * r[part + "_s"] for r in later]
-            out[part].update(later_median_ms=statistics.median(ys), later_p99_ms=_pct(ys, 0.99))
+    out.update(_parts(rows, rec["rounds"]))
     out["per_round"] = [{k: round(1e3 * v, 4) for k, v in r.items()} for r in rows]  # ms
+    out["gc_frozen"] = _parts(frozen, rec["rounds"])
     out["verdicts"] = {"policy_median_ms": out["policy"]["median_ms"] < TARGETS["policy_median_ms"],
                        "policy_p99_ms": out["policy"]["p99_ms"] < TARGETS["policy_p99_ms"]}
     return out

@@ -294,6 +294,9 @@ def main(out_dir) -> dict:
                           f" (past the first two rounds: {d[p].get('later_median_ms', 0):.3f} / "
                           f"{d[p].get('later_p99_ms', 0):.3f})" for p in ("policy", "collect", "decode", "local"))
               + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']})")
+        print(f"decision, the same after gc.freeze(): " + ", ".join(
+            f"{p} median {d['gc_frozen'][p]['median_ms']:.3f} ms p99 {d['gc_frozen'][p]['p99_ms']:.3f}"
+            for p in ("policy", "collect", "decode", "local")))
     for name, (value, met) in figures["targets"].items():
         print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}")
     out = Path(out_dir)

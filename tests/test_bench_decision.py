@@ -61,7 +61,26 @@ def test_decision_at_scale_end_to_end_on_a_small_point():
     assert out["received_bytes"] == 4 * (out["header_bytes"] + 8 * 3 * 16)
     for part in ("policy", "collect", "decode", "local"):
         assert 0 <= out[part]["median_ms"] <= out[part]["p99_ms"] <= out[part]["max_ms"]
+        f = out["gc_frozen"][part]  # the second replay, after gc.freeze()
+        assert 0 <= f["median_ms"] <= f["p99_ms"] <= f["max_ms"]
     assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms"}
+
+
+def test_a_frozen_replay_freezes_what_its_process_holds_before_the_rank_is_built(tmp_path):
+    import gc
+
+    from paper_repro.bench_decision import record, replay
+
+    a = dict(dist="sharegpt4o", world=4, window=16, budget=4096, kind="padded", per_rank=64, seed=0, rounds=3,
+             passes=1, rank=1, pool_size=1)
+    record(a, str(tmp_path / "posts.npz"))
+    before = gc.get_freeze_count()
+    try:
+        assert len(replay(a, str(tmp_path / "posts.npz"))) == 3 and gc.get_freeze_count() == before
+        assert len(replay(dict(a, gc_freeze=True), str(tmp_path / "posts.npz"))) == 3
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()
 
 
 def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_posts_stand_for_its_lanes():

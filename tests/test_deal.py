@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odb.batching.deal import COST_SCALE, Dealer
+from odb.batching.deal import COST_SCALE, Dealer, fill_order, heap_order
 
 dealers = st.tuples(st.integers(0, 120), st.integers(1, 5), st.integers(1, 12))  # total, world, lead
 
@@ -234,3 +234,64 @@ def test_an_epochs_keys_are_held_as_two_int_arrays_and_read_as_the_pairs():
     assert Keys.of(["a", "b"]) == [(0, "a"), (1, "b")]  # indices that are not ints are kept as they came
     with pytest.raises(ValueError):
         Keys([0, 1], [5])
+
+
+# -- the end game as one sort: the heap's picks, exactly -------------------------------------------------------------
+
+starts = st.one_of(
+    st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=40),           # spread
+    st.lists(st.integers(0, 6).map(float), min_size=1, max_size=40),                  # ties everywhere (mu 1)
+    st.lists(st.integers(0, 3).map(lambda k: 1e15 + k), min_size=1, max_size=40),     # large, float spacing > 0
+    st.lists(st.sampled_from([0.0, 5e3]), min_size=1, max_size=40))                   # one level far below
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=starts, mu=st.sampled_from([1.0, 0.1, 3.7, 1e6 / 3, 250.0]), left=st.integers(0, 3000),
+       margins=st.sampled_from([(2, 64), (0,), (0, 1)]), data=st.data())
+def test_the_sorted_end_game_picks_what_the_heap_picks_in_its_order(start, mu, left, margins, data):
+    """`fill_order` against `heap_order` (the rule as written): the same ranks in the same order, ties
+    (equal estimates: by rank) and a margin too small to hold the picks (it must widen or fall back)
+    included."""
+    ranks = sorted(data.draw(st.lists(st.integers(0, 200), min_size=len(start), max_size=len(start), unique=True)))
+    want = heap_order(start, ranks, mu, left)
+    got = fill_order(start, ranks, mu, left, fast_from=0, margins=margins)
+    assert list(map(int, got)) == want
+
+
+def test_a_large_end_game_deals_each_rank_the_positions_the_heap_gives_it():
+    """Past the size where the dealer sorts (`_FAST_LEFT`), with reserve takes in the order's tail:
+    each rank's part is the free positions at its picks, in order, and the dealer ends done."""
+    from odb.batching.deal import _FAST_LEFT
+
+    world, total = 7, 3 * _FAST_LEFT
+    d = Dealer(total, world, 40)
+    d.start()
+    taken = [40] * world
+    cost = [COST_SCALE * (1 + r % 3) * 40 for r in range(world)]
+    reserve = [0, 3, 0, 1, 5, 0, 2]  # positions each rank took from its class, counted from the end
+    ref = Dealer(total, world, 40)
+    ref.load_state_dict(d.state_dict())
+    ref.reserve = list(reserve)
+    ref._skip()
+    free = ref.undealt()
+    assert len(free) == ref.left >= _FAST_LEFT and free == ref.undealt_array().tolist()
+    mu = sum(cost) / sum(taken)
+    pend = [ref.dealt[r] + reserve[r] - taken[r] for r in range(world)]
+    picks = heap_order([cost[r] + pend[r] * mu for r in range(world)], list(range(world)), mu, len(free))
+    parts = d.deal(taken, cost, reserve=reserve, need=[total] * world)  # more than is left: the end game
+    assert parts == [[p for p, q in zip(free, picks) if q == r] for r in range(world)]
+    assert d.done and d.cursor == total and sorted(p for part in parts for p in part) == free
+    assert d.dealt == [40 + s + len(parts[r]) for r, s in enumerate(reserve)]
+
+
+def test_the_sort_decides_a_large_end_game_and_the_heap_only_where_it_cannot():
+    """The sorted path is the one taken at scale (an array comes back), the heap below `_FAST_LEFT` and where
+    estimates do not grow (``mu`` of 0: every pick to the cheapest rank)."""
+    import numpy as np
+
+    from odb.batching.deal import _FAST_LEFT
+
+    start = [1e9 + 7919.0 * (r * r % 13) for r in range(64)]
+    assert isinstance(fill_order(start, list(range(64)), 1e6 / 3, 10 * _FAST_LEFT), np.ndarray)
+    assert isinstance(fill_order(start, list(range(64)), 1e6 / 3, _FAST_LEFT - 1), list)
+    assert fill_order(start, list(range(64)), 0.0, 5 * _FAST_LEFT) == [0] * (5 * _FAST_LEFT)
