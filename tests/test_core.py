@@ -204,3 +204,44 @@ def test_loader_settings_validate_and_unknown_names_list_the_valid_ones():
     assert LoaderSettings(token_budget=None, cost={"tokens": 64, "patches": 32}).cost_and_policy()[0].budgets == (64, 32)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.mode = "join"
+
+
+def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_no_trace():
+    """``traced=False`` (no trace written: a simulation, a loader without ``trace_dir``) drops only the
+    rows' trace fields; every post, release and row is the traced core's."""
+    from odb.batching import make_cost_model
+    from odb.core.rank import RankCore
+    from odb.core.info import LoaderStats
+
+    def core(traced):
+        class Listed:  # ten samples of 3 to 30 tokens
+            def __init__(self):
+                self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(10)]
+                self.pulled, self.dry = 0, False
+
+            def next(self):
+                if self.pulled == len(self.items):
+                    return None
+                self.pulled += 1
+                return self.items[self.pulled - 1]
+
+        lay = _layout(4)
+        shared = Shared(protocol="p", window=4, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
+                        cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
+        return RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
+                        replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
+                                           epoch=0),
+                        layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
+                        template=lambda: None, traced=traced)
+
+    def run(c):
+        seen, traces = [], []
+        while not c.done:
+            o = c.collect(reduce_posts([o.post])) if c.waiting else c.step(lambda: 0)
+            seen.append((o.step.row if o.step else None, o.post, [list(b.positions) for b in o.release if not b.filler]))
+            traces.append(o.trace)
+        return seen, traces
+
+    (a, ta), (b, tb) = run(core(True)), run(core(False))
+    assert a == b and sum(len(r) for _, _, r in a) > 0
+    assert any(t and "collective" in t for t in ta) and all(t is None for t in tb)

@@ -113,12 +113,14 @@ class RankCore:
         the core is its pool's replica and releases this lane's batches.  None (a simulation only): the
         pool's one core releases every lane's batches (`Batch.lane`), posts their counts summed, and
         reads the P pool headers as gathered.
+    :param traced: build each row's trace fields (`Out.trace`: the gathered headers' projections, O(N) a
+        round); False (no trace written) leaves `Out.trace` None.
     """
 
     def __init__(self, *, rank: int, world_size: int, mode: int, policy, cost, replica: Replicated,
                  layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
-                 template: Callable[[], Any], lane: int | None = 0):
-        self.rank, self.world_size, self.mode = rank, world_size, mode
+                 template: Callable[[], Any], lane: int | None = 0, traced: bool = True):
+        self.rank, self.world_size, self.mode, self.traced = rank, world_size, mode, traced
         self.lanes, self.lane = layout.lanes, lane
         self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
@@ -327,6 +329,8 @@ class RankCore:
             raise ProtocolError(f"rank core window holds {len(self._window)} samples, the table says "
                                 f"buf={s.after['buf']} after {s.row}")
         self.local = s.after
+        if not self.traced:
+            trace = None
         if s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["exhausted"] and not self._ended:
             end = self._ended = True  # nothing held, the source exhausted: no more batches (JOIN keeps posting)
         if self.done and self.local["aborted"] and self.status == OK:
@@ -373,7 +377,7 @@ class RankCore:
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
         return Post(header, counts), trace
 
-    def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict]:
+    def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict | None]:
         rows, rnd = self._rows, self._posted - 1
         self.stats.rounds += 1
         release, rep_err = (), None
@@ -383,6 +387,8 @@ class RankCore:
             release, rep_err = self._release(final=s.after["ph"] == DONE)
         if s.row == "return_stop" and self.mode == QUOTA:
             self._count_unemitted()
+        if not self.traced:
+            return release, rep_err, None
         return release, rep_err, {"round": rnd, "collective": {
             "headers": [{"st": h.st, "n": h.n, "shape": self.layout.length} for h in rows],
             "summaries": [list(h.summary) for h in rows], "rounds": [h.round for h in rows],

@@ -227,7 +227,7 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
     core = RankCore(rank=loader.rank, world_size=loader.world_size, mode=MODES[s.mode], policy=loader.policy,
                     cost=loader.cost, replica=replica, layout=loader.layout, source=loader._source,
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
-                    lane=loader.rank % lanes)
+                    lane=loader.rank % lanes, traced=trace is not None)
     eng = Engine(core=core, source=loader._source, group=loader._group.group, timeout_s=loader.timeout_s, trace=trace,
                  queue_size=max(2, s.buffer_size), stats=loader.stats)
     eng.start()
