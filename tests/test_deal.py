@@ -295,3 +295,12 @@ def test_the_sort_decides_a_large_end_game_and_the_heap_only_where_it_cannot():
     assert isinstance(fill_order(start, list(range(64)), 1e6 / 3, 10 * _FAST_LEFT), np.ndarray)
     assert isinstance(fill_order(start, list(range(64)), 1e6 / 3, _FAST_LEFT - 1), list)
     assert fill_order(start, list(range(64)), 0.0, 5 * _FAST_LEFT) == [0] * (5 * _FAST_LEFT)
+
+
+@settings(max_examples=80, deadline=None)
+@given(total=st.integers(0, 300), world=st.integers(1, 7), data=st.data())
+def test_the_undealt_positions_as_an_array_are_the_undealt_positions(total, world, data):
+    d = Dealer(total, world, 1)
+    d.cursor = data.draw(st.integers(0, total))
+    d.reserve = [data.draw(st.integers(0, (total - r + world - 1) // world if total > r else 0)) for r in range(world)]
+    assert d.undealt_array().tolist() == d.undealt()
