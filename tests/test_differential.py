@@ -71,3 +71,49 @@ def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_
     emitted = sorted(i for row in got for b in row if b for i in b)
     if mode != "quota":
         assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
+
+
+BIG = make_lengths(6500, seed=7, lo=2, hi=60)  # 2 ranks, W = 2,048: an end game of 2,402 positions (sorted)
+
+
+def _big_loader_batches(rank, world_size):
+    import odb
+
+    loader = odb.ODBDataLoader(Samples(BIG), BUDGET, id_collate, buffer_size=2048, mode="pad", sharding="dealt",
+                               seed=5, timeout_s=60)
+    out = []
+    for batch in loader:
+        info = odb.pop_step_info(batch)
+        out.append(None if info.filler else list(info.indices))
+    loader.close()
+    return out
+
+
+@pytest.mark.slow
+def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simulated(tmp_path, monkeypatch):
+    """The dealer's end game past `_FAST_LEFT` positions (`fill_order`, parts as int arrays) in the runtime:
+    the loader's batches on 2 gloo ranks are the simulation's, which took that path, and every sample is
+    emitted once."""
+    import numpy as np
+
+    from odb.batching import deal
+
+    sorted_picks = []
+    real = deal.fill_order
+
+    def spy(*a, **k):
+        got = real(*a, **k)
+        sorted_picks.append(len(got) if isinstance(got, np.ndarray) else 0)
+        return got
+
+    monkeypatch.setattr(deal, "fill_order", spy)
+    order = shard_order(len(BIG), 0, 1, True, 5, 0)
+    sim = simulate([[] for _ in range(2)], make_cost_model("padded", BUDGET), window=2048, mode="pad",
+                   deal=[((BIG[i],), BIG[i] - 1) for i in order])
+    want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
+    assert max(sorted_picks) >= deal._FAST_LEFT
+    res = run_ranks(_big_loader_batches, 2, tmp_path, timeout_s=120)
+    assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
+    got = [r.value for r in res]
+    assert got == want
+    assert sorted(i for row in got for b in row if b for i in b) == list(range(len(BIG)))
