@@ -26,10 +26,13 @@ def _measure(i):
 
 
 def _loader_batches(rank, world_size, spec):
+    """Every batch the loader emits on this rank (dataset indices, None for a filler); ``spec`` gives W, mode and
+    sharding, and optionally ``lengths`` and ``drop`` (default: `LENGTHS` less `DROPS`)."""
     import odb
 
-    loader = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), BUDGET, id_collate, buffer_size=spec["W"],
-                               mode=spec["mode"], sharding=spec["sharding"], seed=5, timeout_s=30)
+    data = Samples(spec.get("lengths", LENGTHS), drop=spec.get("drop", DROPS))
+    loader = odb.ODBDataLoader(data, BUDGET, id_collate, buffer_size=spec["W"], mode=spec["mode"],
+                               sharding=spec["sharding"], seed=5, timeout_s=60)
     out = []
     for batch in loader:
         info = odb.pop_step_info(batch)
@@ -76,19 +79,6 @@ def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_
 BIG = make_lengths(6500, seed=7, lo=2, hi=60)  # 2 ranks, W = 2,048: an end game of 2,402 positions (sorted)
 
 
-def _big_loader_batches(rank, world_size):
-    import odb
-
-    loader = odb.ODBDataLoader(Samples(BIG), BUDGET, id_collate, buffer_size=2048, mode="pad", sharding="dealt",
-                               seed=5, timeout_s=60)
-    out = []
-    for batch in loader:
-        info = odb.pop_step_info(batch)
-        out.append(None if info.filler else list(info.indices))
-    loader.close()
-    return out
-
-
 @pytest.mark.slow
 def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simulated(tmp_path, monkeypatch):
     """The dealer's end game past `_FAST_LEFT` positions (`fill_order`, parts as int arrays) in the runtime:
@@ -112,7 +102,8 @@ def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simula
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     assert max(sorted_picks) >= deal._FAST_LEFT
-    res = run_ranks(_big_loader_batches, 2, tmp_path, timeout_s=120)
+    spec = {"sharding": "dealt", "mode": "pad", "W": 2048, "lengths": BIG, "drop": ()}
+    res = run_ranks(_loader_batches, 2, tmp_path, args=(spec,), timeout_s=120)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
     got = [r.value for r in res]
     assert got == want
