@@ -21,8 +21,11 @@ rank's header every round; its counts, its lane's own, are not recorded.
 
 Per round it reports (ms): ``policy`` (summarize + propose + partition: the alignment decision),
 ``collect`` (the WAIT row on the gathered headers: the replicated checks, the policy's propose and
-partition, the deal), ``decode`` (the N headers into fields), ``local`` (the EMIT/FILL rows before
-the post).  Decoding the headers grows with N; the loss counts are reduced, not gathered
+partition, the deal), ``decode`` (the N headers as the transport hands them, an int64 array, into
+`odb.core.header.Headers`), ``decision`` (``decode + collect``: all a rank computes between the
+collective's return and its batches), ``local`` (the EMIT/FILL rows before the post: per-sample work,
+counted in the loader's CPU per sample).  Each part also gives each round's median over the passes
+(``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N; the loss counts are reduced, not gathered
 (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
 """
 
@@ -50,8 +53,10 @@ from .distributions import sample_lengths
 
 __all__ = ["record", "replay", "as_rank_sees", "decision_at_scale", "TARGETS"]
 
-# The issue's targets for one rank's decision per round at N = 1024, W = 1024 (ms).
-TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0}
+# The issue's targets for one rank's decision per round at N = 1024, W = 1024 (ms), read two ways: the policy's
+# part, and the whole decision (``decision``: decoding the N headers and the WAIT row on them).
+TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0, "decision_median_ms": 1.0, "decision_p99_ms": 5.0}
+PARTS = ("policy", "collect", "decode", "decision", "local")
 
 
 class _Lengths(Sequence):
@@ -106,7 +111,7 @@ def as_rank_sees(mine: Post, recorded: Gathered, pool_size: int = 1) -> tuple[Po
     dropped (the pool's sums, not the lane's own: only the header is checked)."""
     if pool_size == 1:
         return mine, recorded
-    rows = [h for h in recorded.rows for _ in range(pool_size)]
+    rows = np.repeat(np.asarray(recorded.rows), pool_size, axis=0)
     return Post(mine.header, None), recorded._replace(rows=rows)
 
 
@@ -116,7 +121,8 @@ def replay(a: dict, path: str) -> list[dict]:
     z = dict(np.load(path))
     G = a.get("pool_size", 1)
 
-    class Rounds:  # each round as the transport hands it to the core (int lists), built when it is reached:
+    class Rounds:  # each round as the transport hands it to the core (the headers an int64 array, the reduced
+        # counts int lists), built when it is reached:
         # a rank holds one round's headers at a time, so the collector sees what a rank's process holds
         def __len__(self):
             return z["heads"].shape[0]
@@ -124,7 +130,7 @@ def replay(a: dict, path: str) -> list[dict]:
         def __iter__(self):
             for k in range(len(self)):
                 yield as_rank_sees(Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
-                                   Gathered(z["heads"][k].tolist(), z["totals"][k].tolist(), z["maxes"][k].tolist()), G)
+                                   Gathered(z["heads"][k].copy(), z["totals"][k].tolist(), z["maxes"][k].tolist()), G)
 
     rounds = Rounds()
     if a.get("gc_freeze"):  # what a training script may do after its setup: the collector skips what exists now
@@ -154,13 +160,16 @@ def _parts(rows: list[dict], rounds: int) -> dict:
     """Median / p99 / max ms per part over the replayed rounds, and the same past each pass's first two
     rounds (they deal the first N x W positions; the rest deal what was consumed)."""
     out = {}
+    rows = [dict(r, decision_s=r["decode_s"] + r["collect_s"]) for r in rows]
     later = [r for i, r in enumerate(rows) if i % rounds >= 2]
-    for part in ("policy", "collect", "decode", "local"):
+    for part in PARTS:
         xs = [1e3 * r[part + "_s"] for r in rows]
         out[part] = {"median_ms": statistics.median(xs), "p99_ms": _pct(xs, 0.99), "max_ms": max(xs)}
         if later:
             ys = [1e3 * r[part + "_s"] for r in later]
             out[part].update(later_median_ms=statistics.median(ys), later_p99_ms=_pct(ys, 0.99))
+        # each round's median over the passes: which round of the epoch a p99 comes from
+        out[part]["round_medians_ms"] = [statistics.median(xs[k::rounds]) for k in range(min(rounds, len(xs)))]
     return out
 
 
@@ -197,8 +206,7 @@ def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int =
     out.update(_parts(rows, rec["rounds"]))
     out["per_round"] = [{k: round(1e3 * v, 4) for k, v in r.items()} for r in rows]  # ms
     out["gc_frozen"] = _parts(frozen, rec["rounds"])
-    out["verdicts"] = {"policy_median_ms": out["policy"]["median_ms"] < TARGETS["policy_median_ms"],
-                       "policy_p99_ms": out["policy"]["p99_ms"] < TARGETS["policy_p99_ms"]}
+    out["verdicts"] = {k: out[k.split("_", 1)[0]][k.split("_", 1)[1]] < v for k, v in TARGETS.items()}
     return out
 
 

@@ -16,10 +16,11 @@ Four figures, each printed and returned by `main(out_dir)`:
    world size 1, one preprocessing worker) waits on the loader, over its total
    time.  Target: < 2 %.
 4. ``decision``: one rank's process replaying its core on the recorded collectives of 1024 ranks,
-   W = 1024, GC on (`paper_repro.bench_decision`).  Targets: the policy's time per round, median
-   < 1 ms and p99 < 5 ms (`bench_decision.TARGETS`).  ``decision_pooled``: the same for pooled windows
-   at the default's window memory (`POOLED`: ``pool_size=8``, W = 128 per rank, a pool's window of
-   1,024), checked against the same targets.
+   W = 1024, GC on (`paper_repro.bench_decision`).  Targets: median < 1 ms and p99 < 5 ms per round for the
+   policy's time and for the whole decision (decoding the N headers and the WAIT row;
+   `bench_decision.TARGETS`); a miss prints each replayed round's median (which round it comes from).
+   ``decision_pooled``: the same for pooled windows at the default's window memory (`POOLED`:
+   ``pool_size=8``, W = 128 per rank, a pool's window of 1,024), checked against the same targets.
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
@@ -142,8 +143,8 @@ def _gather_rank(rank: int, world_size: int, store: str, rounds: int, window: in
         gather.post(post)
         rows = gather.collect(120).rows
         t1 = time.perf_counter()
-        for r in rows:  # what the rank core does with the rows (`odb.core.rank.RankCore.collect`)
-            layout.decode(r)
+        heads = layout.decode_all(rows)  # what the rank core does with the rows (`odb.core.rank.RankCore.collect`):
+        heads.summaries                  # the fields read as columns, the policy's summaries built as tuples
         if k >= 10:
             gathered.append(t1 - t0)
             decoded.append(time.perf_counter() - t1)
@@ -275,11 +276,17 @@ def main(out_dir) -> dict:
         "ms_per_round at 4 ranks < 5": [round(c4, 3), c4 < TARGETS["ms_per_round_4"]],
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
-        **{f"decision policy {k[7:].replace('_ms', '')} at N={d['world']} W={d['window']}"
-           f"{f' pool_size={g}' if g > 1 else ''} < {v:g} ms": [round(d["policy"][k[7:]], 3), d["verdicts"][k]]
-           for d in (dec, figures["decision_pooled"]) for g in (d["pool_size"],)
-           for k, v in bench_decision.TARGETS.items()},
     }
+    figures["explain"] = {}  # a decision miss: each replayed round's median (the round a p99 comes from)
+    for d in (dec, figures["decision_pooled"]):
+        g = d["pool_size"]
+        at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}"
+        for k, v in bench_decision.TARGETS.items():
+            part, stat = k.split("_", 1)
+            name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
+            figures["targets"][name] = [round(d[part][stat], 3), d["verdicts"][k]]
+            figures["explain"][name] = "rounds' medians " + ", ".join(
+                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms"
     for r in figures["collective"]["runs"]:
         print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} {r['mode']:>6}"
               f"{' (runtime)' if r['runtime'] else ''} ({r['header_ints']} + {r['reduced_ints']} ints): round "
@@ -292,13 +299,14 @@ def main(out_dir) -> dict:
               "rounds x passes, GC on): "
               + ", ".join(f"{p} median {d[p]['median_ms']:.3f} ms p99 {d[p]['p99_ms']:.3f} max {d[p]['max_ms']:.3f}"
                           f" (past the first two rounds: {d[p].get('later_median_ms', 0):.3f} / "
-                          f"{d[p].get('later_p99_ms', 0):.3f})" for p in ("policy", "collect", "decode", "local"))
+                          f"{d[p].get('later_p99_ms', 0):.3f})" for p in bench_decision.PARTS)
               + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']})")
         print(f"decision, the same after gc.freeze(): " + ", ".join(
             f"{p} median {d['gc_frozen'][p]['median_ms']:.3f} ms p99 {d['gc_frozen'][p]['p99_ms']:.3f}"
-            for p in ("policy", "collect", "decode", "local")))
+            for p in bench_decision.PARTS))
     for name, (value, met) in figures["targets"].items():
-        print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}")
+        why = f" ({figures['explain'][name]})" if not met and name in figures["explain"] else ""
+        print(f"runtime overhead: {name}: measured {value} -> {'met' if met else 'MISSED'}{why}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime_overhead.json").write_text(json.dumps(figures, indent=1))

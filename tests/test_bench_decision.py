@@ -59,11 +59,15 @@ def test_decision_at_scale_end_to_end_on_a_small_point():
     assert out["rounds"] == 3 and out["samples"] == 6
     assert out["transport"] == "gather"  # 4 ranks: every rank's header and 3W counts gathered
     assert out["received_bytes"] == 4 * (out["header_bytes"] + 8 * 3 * 16)
-    for part in ("policy", "collect", "decode", "local"):
+    for part in ("policy", "collect", "decode", "decision", "local"):
         assert 0 <= out[part]["median_ms"] <= out[part]["p99_ms"] <= out[part]["max_ms"]
+        assert len(out[part]["round_medians_ms"]) == 3 and max(out[part]["round_medians_ms"]) <= out[part]["max_ms"]
         f = out["gc_frozen"][part]  # the second replay, after gc.freeze()
         assert 0 <= f["median_ms"] <= f["p99_ms"] <= f["max_ms"]
-    assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms"}
+    # the whole decision is the decoding and the WAIT row of each round
+    assert out["decision"]["max_ms"] <= out["decode"]["max_ms"] + out["collect"]["max_ms"] + 1e-9
+    assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms", "decision_median_ms", "decision_p99_ms"}
+    assert out["verdicts"]["decision_median_ms"] == (out["decision"]["median_ms"] < 1.0)
 
 
 def test_a_frozen_replay_freezes_what_its_process_holds_before_the_rank_is_built(tmp_path):
@@ -111,7 +115,7 @@ def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_
                           pool_size=G)
         assert len(got) == len(exact)
         as_recorded = [as_rank_sees(po[r // G], reduce_posts(po), G) for po in pooled]  # as bench_decision feeds it
-        assert all(g.rows == [list(po[q // G].header) for q in range(world)] and mine.counts is None
+        assert all(g.rows.tolist() == [list(po[q // G].header) for q in range(world)] and mine.counts is None
                    for (mine, g), po in zip(as_recorded, pooled))
         assert len(replay_rank(r, as_recorded, [[] for _ in range(world)], cost, window=window, deal=sizes,
                                pool_size=G)) == len(pooled)

@@ -42,6 +42,32 @@ def test_a_header_decodes_to_the_fields_it_was_encoded_from(w, data):
 
 
 @settings(max_examples=50, deadline=None)
+@given(w=st.integers(1, 40), n=st.integers(1, 7), data=st.data())
+def test_every_ranks_headers_decoded_at_once_read_as_each_header_decoded_alone(w, n, data):
+    """`HeaderLayout.decode_all`: the transport's (N, length) int64 array, int lists, decoded `Header`s or
+    `Headers` give the same rows; each field's column is the rows' field; a row of another length raises."""
+    import numpy as np
+
+    lay = HeaderLayout(3, w, len(intake_ladder(w)))
+    rows = [data.draw(st.lists(st.integers(-2**40, 2**40), min_size=lay.length, max_size=lay.length))
+            for _ in range(n)]
+    want = [lay.decode(r) for r in rows]
+    for form in (np.array(rows, dtype=np.int64), rows, want):
+        got = lay.decode_all(form)
+        assert len(got) == n and list(got) == want and lay.decode_all(got) is got
+        assert got.summaries == [h.summary for h in want] and got.intake.tolist() == [list(h.intake) for h in want]
+        for f in ("st", "round", "n", "epoch", "deal", "target", "proposal", "taken", "cost", "dry", "reserve"):
+            assert got.values(f) == got.column(f).tolist() == [getattr(h, f) for h in want]
+        assert list(got[1:]) == want[1:] and got[-1] == want[-1]
+    with pytest.raises(ValueError, match="holds"):
+        lay.decode_all(np.array(rows, dtype=np.int64)[:, :-1])
+    with pytest.raises(ValueError, match="holds"):
+        lay.decode_all(rows[:-1] + [rows[-1] + [0]])
+    with pytest.raises(ValueError):  # the rows are every rank's, as gathered: read only
+        lay.decode_all(rows).array[0, 0] = 1
+
+
+@settings(max_examples=50, deadline=None)
 @given(w=st.integers(1, 12), n=st.integers(1, 6), data=st.data())
 def test_the_collective_sums_the_counts_and_keeps_each_batchs_largest_tokens(w, n, data):
     lay = HeaderLayout(3, w, len(intake_ladder(w)))
@@ -134,12 +160,10 @@ def test_round_proposal_asks_the_policy_with_the_window_and_skips_it_when_the_ro
 
 
 def _rows(lay, rep_fields, n=4):
-    out = []
-    for r, (epoch, digest) in enumerate(rep_fields):
-        out.append(lay.decode(lay.encode(st=0, round=0, n=n, epoch=epoch, digest=digest,
-                                          summary=_summary(n, False, 2), taken=n, cost=n, dry=0, reserve=0,
-                                          intake=[n] * lay.ladder_len)))
-    return out
+    """The round's gathered headers, as the transport hands them to the replicas (`Headers`)."""
+    return lay.decode_all([lay.encode(st=0, round=0, n=n, epoch=epoch, digest=digest, summary=_summary(n, False, 2),
+                                      taken=n, cost=n, dry=0, reserve=0, intake=[n] * lay.ladder_len)
+                           for epoch, digest in rep_fields])
 
 
 @pytest.mark.parametrize("field", REPLICATED)
@@ -160,6 +184,20 @@ def test_a_replicated_field_that_differs_fails_every_replica_naming_it_and_the_r
         assert "ranks [0, 1]" in str(e.value) and "ranks [2]" in str(e.value)
         if field != "epoch":
             assert repr(field) in str(e.value)
+
+
+@pytest.mark.parametrize("field", REPLICATED)
+def test_a_replicated_field_that_differs_on_one_middle_rank_alone_fails_every_replica(field):
+    lay = _layout()
+    rep_fields = [(0, (5, 0, 0))] * 5
+    j = REPLICATED.index(field)
+    vals = [0, 5, 0, 0]
+    vals[j] += 1
+    rep_fields[2] = (vals[0], tuple(vals[1:]))
+    for rank in range(5):
+        rep = Replicated(_shared(), world_size=5, aheads=(0,) * 5, policy=default_policy(), order=None, epoch=0)
+        with pytest.raises(ConfigError if field == "epoch" else ProtocolError, match=r"on ranks \[2\]"):
+            rep.decide(_rows(lay, rep_fields))
 
 
 def test_replicas_fed_the_same_rows_decide_and_deal_alike_whatever_their_rank():

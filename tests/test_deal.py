@@ -304,3 +304,69 @@ def test_the_undealt_positions_as_an_array_are_the_undealt_positions(total, worl
     d.cursor = data.draw(st.integers(0, total))
     d.reserve = [data.draw(st.integers(0, (total - r + world - 1) // world if total > r else 0)) for r in range(world)]
     assert d.undealt_array().tolist() == d.undealt()
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.tuples(st.integers(0, 300), st.integers(1, 9), st.integers(1, 20)), rounds=st.integers(1, 25),
+       per_rank=st.booleans(), data=st.data())
+def test_the_array_deal_gives_what_the_loop_over_the_ranks_gives(shape, rounds, per_rank, data):
+    """From 64 ranks on a deal checks its inputs and tops the ranks up as array operations (`Dealer._absorb`,
+    `Dealer._top_up`); forced on at a few ranks, beside a dealer that loops, both give the same parts, the
+    same state and the same errors, whatever the reserve takes, dry ranks and needs."""
+    a, b = Dealer(*shape), Dealer(*shape)
+    a._vector, b._vector = True, False
+    assert a.start() == b.start()
+    taken, reserve = [0] * b.world, [0] * b.world
+    for _ in range(rounds):
+        taken, cost, dry = _inputs(data, b, taken, drops=True)
+        for r in range(b.world):  # reads past the dealt keys: the rank's next reserve positions, while free
+            for _ in range(data.draw(st.integers(0, 2))):
+                if b.reserve_position(r, reserve[r]) is None:
+                    break
+                reserve[r] += 1
+        need = [data.draw(st.integers(0, 2 * b.lead)) for _ in range(b.world)] if per_rank else None
+        bad = data.draw(st.sampled_from([None] * 12 + ["taken", "reserve"]))
+        args = [list(taken), cost, dry, list(reserve), need]
+        if bad == "taken":  # a rank reports more taken than it was given
+            r = data.draw(st.integers(0, b.world - 1))
+            args[0][r] = b.dealt[r] + reserve[r] - b.reserve[r] + 1
+        elif bad == "reserve" and any(b.reserve):  # a rank's reserve count goes back
+            r = next(r for r in range(b.world) if b.reserve[r])
+            args[3][r] = b.reserve[r] - 1
+        errors = []
+        for d in (a, b):
+            try:
+                errors.append([list(p) for p in d.deal_parts(*args)])
+            except ValueError as e:
+                errors.append(str(e))
+        assert errors[0] == errors[1]
+        assert a.state_dict() == b.state_dict()
+        if isinstance(errors[0], str):
+            return
+    assert a.done == b.done
+
+
+def test_a_deal_at_scale_tops_up_as_arrays_and_deals_each_position_once():
+    """At 256 ranks (the array path) with reserve takes in the way of some rounds' top-ups (then the loop
+    gives around them): every position once, each part a run of the order read as ints."""
+    d = Dealer(100_000, 256, 40)
+    assert d._vector
+    parts = [list(p) for p in d.start()]
+    taken, reserve = [0] * 256, [0] * 256
+    for k in range(40):
+        taken = list(d.dealt)
+        if k % 3 == 1:  # some ranks read past their keys: their reserve class, from the end of the order
+            for r in range(0, 256, 7):
+                if d.reserve_position(r, reserve[r]) is not None:
+                    parts.append([d.reserve_position(r, reserve[r])])
+                    reserve[r] += 1
+                    taken[r] += 1
+        got = d.deal_parts(taken, [COST_SCALE * t for t in taken], [0] * 256, list(reserve),
+                           [30 + (r * 13) % 50 for r in range(256)])
+        assert all(isinstance(p, (range, list)) or hasattr(p, "a") for p in got)
+        parts += [list(p) for p in got]
+        if d.done:
+            break
+    assert d.done
+    flat = sorted(p for ps in parts for p in ps)
+    assert flat == list(range(100_000))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from odb.batching import make_cost_model
-from odb.core.header import Header
+from odb.core.header import Header, HeaderLayout
 from odb.core.pool import check_pool, lane_proposal, pool_aheads, pool_rows
 from odb.core.sim import simulate
 from odb.errors import ConfigError, ProtocolError
@@ -29,6 +29,14 @@ for _k in (11, 150):
 DROPS = {5, 77, 201}
 
 
+_LAY = HeaderLayout(2, 8, 1)  # the layout of `_h`'s headers
+
+
+def _gathered(rows):
+    """Decoded headers as the transport hands them to the rank core (`Headers`)."""
+    return _LAY.decode_all(rows)
+
+
 def _h(st=0, n=4, summary=(1, 2), **kw):
     base = dict(st=st, round=0, n=n, epoch=0, deal=7, target=1, proposal=1, summary=summary, taken=4, cost=9,
                 dry=0, reserve=0, intake=(1,))
@@ -37,11 +45,12 @@ def _h(st=0, n=4, summary=(1, 2), **kw):
 
 # -- the pure pieces --------------------------------------------------------------------------------------
 def test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool():
-    rows = [_h(), _h(), _h(n=5), _h(n=5)]
-    assert pool_rows(rows, 1, 0) == rows
-    assert pool_rows(rows, 2, 0) == [_h(), _h(n=5)]
-    stopping = [_h(), _h(st=1, n=2), _h(n=5), _h(n=5)]  # a lane that stops posts another window: no error
+    rows = _gathered([_h(), _h(), _h(n=5), _h(n=5)])
+    assert list(pool_rows(rows, 1, 0)) == list(rows)
+    assert list(pool_rows(rows, 2, 0)) == [_h(), _h(n=5)]
+    stopping = _gathered([_h(), _h(st=1, n=2), _h(n=5), _h(n=5)])  # a lane that stops posts another window: no error
     assert [r.st for r in pool_rows(stopping, 2, 0)] == [1, 0]
+    assert list(pool_rows(stopping, 2, 0)) == [_h(st=1), _h(n=5)]
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,11 +72,12 @@ def test_the_table_reads_the_same_collective_inputs_from_the_pool_rows_as_from_e
         # a lane that stops posts its own window (it stopped filling); the others post the pool's
         rows += [_h(st=s_, n=data.draw(st.integers(0, W)) if s_ else n) for s_ in sts]
     try:
-        pooled = pool_rows(rows, lanes, 0)
+        pooled = pool_rows(_gathered(rows), lanes, 0)
     except ProtocolError:
         assert lanes > 1
         return
     cfg = {"W": W, "mode": 0, "header_len": 1}
+    # the pool rows as columns (what the rank core reads), every rank's one mapping each (the table's own form)
     got, raw = (machine.collective_inputs(DGAP, table_headers(r, 1), 3, cfg) for r in (pooled, rows))
     if raw["max_st"] == 0:
         assert got == raw
@@ -80,7 +90,7 @@ def test_the_table_reads_the_same_collective_inputs_from_the_pool_rows_as_from_e
 
 @pytest.mark.parametrize("field, value", [("summary", (1, 3)), ("n", 3), ("cost", 10), ("deal", 8), ("taken", 5)])
 def test_pool_rows_refuse_lanes_that_posted_other_headers(field, value):
-    rows = [_h(), _h(), _h(), _h(**{field: value})]
+    rows = _gathered([_h(), _h(), _h(), _h(**{field: value})])
     with pytest.raises(ProtocolError, match=rf"pooled ranks diverged in round 3: rank 3 .*'{field}'"):
         pool_rows(rows, 2, 3)
     with pytest.raises(ProtocolError, match="do not make pools"):

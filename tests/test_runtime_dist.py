@@ -94,7 +94,7 @@ def test_the_transport_gathers_the_headers_and_reduces_the_counts_as_reduce_post
         want = reduce_posts(posts)
         for o in res:  # every rank alike: the headers in rank order, the counts summed, the tokens' max
             g = o.value[k]
-            assert (g.rows, list(g.totals), list(g.tokens_max)) == (want.rows, want.totals, want.tokens_max)
+            assert (g.rows.tolist(), list(g.totals), list(g.tokens_max)) == (want.rows, want.totals, want.tokens_max)
 
 
 def test_pad_with_uneven_custom_shards_and_drops_emits_every_sample_once(tmp_path):

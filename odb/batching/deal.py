@@ -38,7 +38,7 @@ from array import array
 from collections import abc
 from bisect import bisect_left
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from .cost import BudgetCost
 from .grouping import Group
 
 __all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
-           "policy_intake", "first_lead", "round_needs", "heap_order", "fill_order"]
+           "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
@@ -97,14 +97,17 @@ def policy_intake(policy, window: Sequence[Sizes], cost: CostModel, W: int) -> l
     return intake_sizes(groups(window, cost), W)
 
 
-def intake_bound(window: int, n: int, ladder: Sequence[int], target: int) -> int:
+def intake_bound(window: int, n, ladder, target: int):
     """Positions a rank with `n` samples in its window (at the post) and `ladder` (its posted
     `intake_sizes`) takes into its window before the next deal, when the round's target is
     `target` and its policy emits whole groups of `grouping.pack`: ``W - n + U(T)`` with T
-    rounded up the ladder.  Prefetch comes on top."""
+    rounded up the ladder.  Prefetch comes on top.  Every rank at once: `n` an int array and
+    `ladder` a 2-D int array (a row per rank) give an int array."""
     lad = intake_ladder(window)
     j = min(bisect_left(lad, target), len(lad) - 1)  # T rounded up the (increasing) ladder
-    return max(0, int(window) - int(n)) + int(ladder[j])
+    u = ladder[:, j] if isinstance(ladder, np.ndarray) and ladder.ndim == 2 else int(ladder[j])
+    out = np.maximum(0, int(window) - n) + u
+    return out if isinstance(out, np.ndarray) else int(out)
 
 
 def first_lead(window: int, aheads: Sequence[int]) -> int:
@@ -115,16 +118,34 @@ def first_lead(window: int, aheads: Sequence[int]) -> int:
     return int(window) + max((int(a) for a in aheads), default=0) + 1
 
 
-def round_needs(window: int, target: int, posted: Sequence[tuple[int, Sequence[int]]],
+class Posted(NamedTuple):
+    """What the ranks posted for the intake bound, as columns: each rank's window size ``n`` at the post
+    and its intake ladder (a row per rank)."""
+
+    n: Sequence[int]
+    intake: Sequence[Sequence[int]]
+
+
+def round_needs(window: int, target: int, posted: "Posted | Sequence[tuple[int, Sequence[int]]]",
                 aheads: Sequence[int]) -> list[int]:
     """Each rank's need for one round's deal, from gathered values only: its `intake_bound` (its
     posted window size ``n`` and intake ladder, the round's target) plus its gathered prefetch
     (what its inner DataLoader may read ahead of its window before the next deal) and one (the
-    margin of `first_lead`)."""
-    if len(posted) != len(aheads):
-        raise ValueError(f"round_needs got {len(posted)} posted headers and {len(aheads)} prefetch values")
-    return [intake_bound(window, n, ladder, target) + int(a) + 1 for (n, ladder), a in zip(posted, aheads)]
+    margin of `first_lead`).  `posted`: each rank's ``(n, ladder)``, or `Posted` columns."""
+    if not isinstance(posted, Posted):
+        posted = Posted([n for n, _ in posted], [list(lad) for _, lad in posted])
+    n = np.asarray(posted.n, dtype=np.int64)
+    if len(n) != len(aheads):
+        raise ValueError(f"round_needs got {len(n)} posted headers and {len(aheads)} prefetch values")
+    if not len(n):
+        return []
+    ladder = np.asarray(posted.intake, dtype=np.int64).reshape(len(n), -1)
+    return (intake_bound(window, n, ladder, target) + np.asarray(aheads, dtype=np.int64) + 1).tolist()
 
+
+# From this many ranks on, a deal's per-rank checks and its top-up run as array operations (`Dealer._absorb`,
+# `Dealer._top_up`); below it the Python loop over the ranks costs less than the arrays' setup.
+_VECTOR_FROM = 64
 
 # From this many positions on, the end game is computed as one sort (`fill_order`, `Dealer._give_rest`); below it
 # a Python step per position costs less than the arrays' setup.
@@ -205,6 +226,28 @@ class _Part(abc.Sequence):
         return iter(self.a.tolist())
 
 
+class _TopUp(abc.Sequence):
+    """A top-up deal's parts (`Dealer._top_up`): rank r's is ``range(starts[r], ends[r])`` if it is live,
+    else an empty list, made when read."""
+
+    __slots__ = ("starts", "ends", "live")
+
+    def __init__(self, starts: "np.ndarray", ends: "np.ndarray", live: Sequence[int]):
+        self.starts, self.ends, self.live = starts, ends, set(live)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError(r)
+        return range(int(self.starts[r]), int(self.ends[r])) if r in self.live else []
+
+
 class Dealer:
     """Deals positions ``0 .. total-1`` to ``world`` ranks; identical on every rank given identical inputs."""
 
@@ -217,6 +260,7 @@ class Dealer:
         self.reserve = [0] * self.world               # reserve positions each rank took itself (as gathered)
         self.closed = [False] * self.world            # the rank ran dry: deal it nothing more
         self.rounds = 0
+        self._vector = self.world >= _VECTOR_FROM      # checks and top-ups as array operations (same results)
 
     # -- positions ---------------------------------------------------------------
     def _reserved_at(self, p: int) -> bool:
@@ -230,6 +274,8 @@ class Dealer:
     @property
     def left(self) -> int:
         """Positions neither dealt nor taken from a reserve."""
+        if not any(self.reserve):  # no reserve take (the common case): a pass over N ints, not N steps
+            return self.total - self.cursor
         span = self.total - 1 - self.cursor  # class positions at or past the cursor: N k + r <= span
         taken_back = sum(min(s, (span - r) // self.world + 1) for r, s in enumerate(self.reserve) if span >= r)
         return self.total - self.cursor - taken_back
@@ -293,22 +339,31 @@ class Dealer:
                              f"{len(taken)}, {len(cost)}, {len(dry)}, {len(reserve)} and {len(need)}")
         if min(need) < 0:
             raise ValueError(f"deal got a negative need {need}")
-        for r in range(self.world):
-            if reserve[r] < self.reserve[r]:
-                raise ValueError(f"rank {r} reports {reserve[r]} reserve takes after {self.reserve[r]}")
-            self.dealt[r] += reserve[r] - self.reserve[r]
-            if not 0 <= taken[r] <= self.dealt[r]:
-                raise ValueError(f"rank {r} reports {taken[r]} taken of {self.dealt[r]} given")
-            if dry[r]:
-                self.closed[r] = True
+        vector = self._vector
+        if not (vector and self._absorb(taken, dry, reserve)):  # from 64 ranks on as arrays; bad inputs raise here
+            for r in range(self.world):
+                if reserve[r] < self.reserve[r]:
+                    raise ValueError(f"rank {r} reports {reserve[r]} reserve takes after {self.reserve[r]}")
+                self.dealt[r] += reserve[r] - self.reserve[r]
+                if not 0 <= taken[r] <= self.dealt[r]:
+                    raise ValueError(f"rank {r} reports {taken[r]} taken of {self.dealt[r]} given")
+                if dry[r]:
+                    self.closed[r] = True
         self.reserve = [int(v) for v in reserve]
         self._skip()
         self.rounds += 1
-        out: list = [[] for _ in range(self.world)]
         left = self.left
         live = [r for r in range(self.world) if not self.closed[r]]
         if left == 0 or not live:
-            return out
+            return [[] for _ in range(self.world)]
+        if vector:  # the top-up below, as array operations, when no reserve take lies in its way
+            top_a = np.maximum(0, np.asarray(need, dtype=np.int64) - np.asarray(self.dealt, dtype=np.int64)
+                               + np.asarray(taken, dtype=np.int64))
+            top_a[np.asarray(self.closed, dtype=bool)] = 0
+            k = int(top_a.sum())
+            if left > k and self.cursor + k <= self._first_reserved():
+                return self._top_up(top_a, live)
+        out: list = [[] for _ in range(self.world)]
         pend = [self.dealt[r] - taken[r] for r in range(self.world)]
         top = {r: max(0, need[r] - pend[r]) for r in live}
         if left > sum(top.values()):
@@ -320,6 +375,30 @@ class Dealer:
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
         picks = fill_order([cost[r] + pend[r] * mu for r in live], live, mu, left)
         return self._give_rest(picks, out)
+
+    def _absorb(self, taken: Sequence[int], dry: Sequence[int], reserve: Sequence[int]) -> bool:
+        """`deal_parts`'s per-rank checks and updates (the reserve takes given, the takes within what was
+        given, the dry ranks closed) as array operations; False, and nothing updated, if some rank's input
+        is at fault (the loop then raises its error)."""
+        res, prev = np.asarray(reserve, dtype=np.int64), np.asarray(self.reserve, dtype=np.int64)
+        dealt = np.asarray(self.dealt, dtype=np.int64) + (res - prev)
+        tk = np.asarray(taken, dtype=np.int64)
+        if ((res < prev) | (tk < 0) | (tk > dealt)).any():
+            return False
+        self.dealt = dealt.tolist()
+        if any(dry):
+            self.closed = [c or bool(d) for c, d in zip(self.closed, dry)]
+        return True
+
+    def _top_up(self, top: "np.ndarray", live: Sequence[int]) -> "_TopUp":
+        """`deal_parts`'s top-up when no reserve take lies in its way: each live rank, in rank order, gets the
+        next ``top[r]`` positions (what `_give_many` gives rank by rank; ``top`` 0 for the others), as ranges
+        made when read (a replica reads only its own)."""
+        ends = self.cursor + np.cumsum(top)
+        self.dealt = (np.asarray(self.dealt, dtype=np.int64) + top).tolist()
+        self.cursor = int(ends[-1])
+        self._skip()
+        return _TopUp(ends - top, ends, live)
 
     def _give_rest(self, picks: Sequence[int], out: list) -> list:
         """Every position neither dealt nor reserved, in order, the i-th to rank ``picks[i]`` (``len(picks)`` is
@@ -348,6 +427,8 @@ class Dealer:
         """The lowest position some rank took from its reserve (``total`` if none): every position
         below it that is at or past the cursor is free."""
         w, t = self.world, self.total
+        if not any(self.reserve):
+            return t
         return min((t - 1 - (w * (s - 1) + r) for r, s in enumerate(self.reserve) if s), default=t)
 
     def _give_many(self, r: int, k: int, free_below: int) -> range | list[int]:

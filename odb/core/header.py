@@ -35,9 +35,12 @@ released.
 
 from __future__ import annotations
 
+from collections import abc
 from typing import NamedTuple, Sequence
 
-__all__ = ["Header", "HeaderLayout", "Post", "Gathered", "REPLICATED", "reduce_posts"]
+import numpy as np
+
+__all__ = ["Header", "HeaderLayout", "Headers", "Post", "Gathered", "REPLICATED", "reduce_posts"]
 
 REPLICATED = ("epoch", "deal", "target", "proposal")  # fields every rank must post alike
 _SCALARS = ("st", "round", "n") + REPLICATED
@@ -60,6 +63,55 @@ class Header(NamedTuple):
     dry: int
     reserve: int
     intake: tuple[int, ...]
+
+
+class Headers(abc.Sequence):
+    """One round's gathered headers, every rank's in rank order, held as one ``(N, length)`` int64 array
+    (`HeaderLayout.decode_all`): what the round's decision reads a field at a time across the ranks, so
+    that decoding N headers is not N x length Python ints.  ``headers[r]`` is rank r's `Header` (built when
+    asked: error messages, traces); `column` a field of every rank as an array, `values` as a list of
+    ints; `summaries` the policy's rows (tuples, built once and kept: the policy's memo compares them by
+    identity).  Immutable: every rank's decision reads the same values."""
+
+    __slots__ = ("layout", "array", "_lists", "_summaries")
+
+    def __init__(self, layout: "HeaderLayout", array: np.ndarray):
+        self.layout, self.array = layout, array
+        self.array.flags.writeable = False
+        self._lists: dict[str, list[int]] = {}
+        self._summaries: list[tuple[int, ...]] | None = None
+
+    def __len__(self) -> int:
+        return self.array.shape[0]
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return Headers(self.layout, self.array[r])
+        return self.layout._header(self.array[r].tolist())
+
+    def column(self, name: str) -> np.ndarray:
+        """Field `name` (a scalar field of `Header`) of every rank, in rank order."""
+        return self.array[:, self.layout.index[name]]
+
+    def values(self, name: str) -> list[int]:
+        """`column` as a list of ints (kept)."""
+        got = self._lists.get(name)
+        if got is None:
+            got = self._lists[name] = self.column(name).tolist()
+        return got
+
+    @property
+    def summaries(self) -> list[tuple[int, ...]]:
+        """Every rank's policy summary, as tuples (kept)."""
+        if self._summaries is None:
+            a, lay = self.array, self.layout
+            self._summaries = list(map(tuple, a[:, lay._sum:lay._deal].tolist()))
+        return self._summaries
+
+    @property
+    def intake(self) -> np.ndarray:
+        """Every rank's intake ladder, one row per rank."""
+        return self.array[:, self.layout._intake:]
 
 
 class Post(NamedTuple):
@@ -104,6 +156,8 @@ class HeaderLayout:
         self._intake = self._deal + len(_DEAL)
         self.length = self._intake + self.ladder_len
         self.counts_len = 3 * self.steps
+        self.index = {name: k for k, name in enumerate(_SCALARS)}  # `Headers.column`
+        self.index.update((name, self._deal + k) for k, name in enumerate(_DEAL))
 
     def encode(self, *, st: int, round: int, n: int, epoch: int, digest: Sequence[int], summary: Sequence[int],
                taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int]) -> list[int]:
@@ -121,9 +175,36 @@ class HeaderLayout:
         """The named fields of one gathered row; raises ValueError on a row of another length."""
         if len(row) != self.length:
             raise ValueError(f"header of {len(row)} ints, the layout holds {self.length}")
-        r = list(map(int, row))  # ints whatever the transport handed (tensor items, numpy ints)
+        return self._header(list(map(int, row)))  # ints whatever the transport handed (tensor items, numpy ints)
+
+    def _header(self, r: list[int]) -> Header:
         s, d, i = self._sum, self._deal, self._intake
         return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:]))
+
+    def flat(self, h: Header) -> list[int]:
+        """A decoded header's ints, in the layout's order (`decode` undone)."""
+        return [*h[:self._sum], *h.summary, *h[self._sum + 1:self._sum + 1 + len(_DEAL)], *h.intake]
+
+    def decode_all(self, rows) -> Headers:
+        """Every rank's header at once: `rows` an ``(N, length)`` int array (what the transport hands), a
+        sequence of int vectors, of `Header`s, or `Headers` of this layout.  Raises ValueError on a row of
+        another length, as `decode`."""
+        if isinstance(rows, Headers):
+            if rows.layout is self or rows.array.shape[1] == self.length:
+                return rows
+            raise ValueError(f"header of {rows.array.shape[1]} ints, the layout holds {self.length}")
+        if not isinstance(rows, np.ndarray):
+            rows = [self.flat(r) if isinstance(r, Header) else r for r in rows]
+            for r in rows:
+                if len(r) != self.length:
+                    raise ValueError(f"header of {len(r)} ints, the layout holds {self.length}")
+        if isinstance(rows, np.ndarray):
+            a = np.asarray(rows, dtype=np.int64)  # the transport's buffer, not copied (it makes one per round)
+        else:
+            a = np.array(rows, dtype=np.int64).reshape(len(rows), -1) if rows else np.zeros((0, self.length), np.int64)
+        if a.ndim != 2 or a.shape[1] != self.length:
+            raise ValueError(f"header of {a.shape[-1]} ints, the layout holds {self.length}")
+        return Headers(self, a)
 
     def check_reduced(self, g: Gathered) -> None:
         """ValueError unless the reduced counts have this layout's shape (3 steps sums, steps maxima)."""

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import ConfigError, ProtocolError
-from .header import Header
+from .header import Header, Headers
 
 __all__ = ["check_pool", "pool_rows", "pool_aheads", "lane_of", "lane_proposal", "lane_steps"]
 
@@ -73,29 +75,31 @@ def pool_aheads(aheads: Sequence[int], lanes: int) -> tuple[int, ...]:
     return tuple(max(aheads[p * lanes:(p + 1) * lanes]) for p in range(len(aheads) // lanes))
 
 
-def pool_rows(rows: Sequence[Header], lanes: int, round_index: int) -> list[Header]:
+def pool_rows(rows: Headers, lanes: int, round_index: int) -> Headers:
     """The P pool rows of N gathered headers (module docstring): lane 0's header with the largest stop
     status of its lanes.  ProtocolError, on every rank alike, if a pool's lanes posted different headers
     while none of them stops."""
     if lanes == 1:
-        return list(rows)
+        return rows
     if len(rows) % lanes:
         raise ProtocolError(f"round {round_index}: {len(rows)} headers do not make pools of {lanes}")
-    out = []
-    for p in range(len(rows) // lanes):
-        mine = rows[p * lanes:(p + 1) * lanes]
-        st = max(h.st for h in mine)
-        if st == 0:
-            for j, h in enumerate(mine[1:], 1):
-                if h != mine[0]:
-                    bad = [f for f in Header._fields if getattr(h, f) != getattr(mine[0], f)]
-                    raise ProtocolError(
-                        f"pooled ranks diverged in round {round_index}: rank {p * lanes + j} posted other "
-                        f"{bad} than rank {p * lanes} of its pool. A pool's ranks must preprocess and measure "
-                        "its samples alike (deterministic preprocessing, the same length_fn and oversize); "
-                        "every rank stops in this round. Use pool_size=1 for preprocessing that is random")
-        out.append(mine[0]._replace(st=st))
-    return out
+    a = rows.array.reshape(len(rows) // lanes, lanes, -1)  # pool, lane, field
+    st = a[:, :, rows.layout.index["st"]].max(axis=1)
+    live = st == 0
+    if live.any():  # a pool none of whose lanes stops: every lane must have posted lane 0's header
+        p, j = np.nonzero((a[live] != a[live][:, :1]).any(axis=2))
+        if len(p):
+            p, j = int(np.flatnonzero(live)[p[0]]), int(j[0])
+            h, h0 = rows[p * lanes + j], rows[p * lanes]
+            bad = [f for f in Header._fields if getattr(h, f) != getattr(h0, f)]
+            raise ProtocolError(
+                f"pooled ranks diverged in round {round_index}: rank {p * lanes + j} posted other "
+                f"{bad} than rank {p * lanes} of its pool. A pool's ranks must preprocess and measure "
+                "its samples alike (deterministic preprocessing, the same length_fn and oversize); "
+                "every rank stops in this round. Use pool_size=1 for preprocessing that is random")
+    out = a[:, 0].copy()
+    out[:, rows.layout.index["st"]] = st
+    return Headers(rows.layout, out)
 
 
 def lane_proposal(proposal: int, lanes: int, hi: int) -> int:

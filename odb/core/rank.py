@@ -32,7 +32,7 @@ from ..batching.deal import policy_intake, sample_cost
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
-from .header import Gathered, Header, HeaderLayout, Post
+from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .info import LoaderStats, StepInfo
 from .pool import lane_of, lane_steps, pool_rows
 from .replica import Replicated
@@ -140,7 +140,7 @@ class RankCore:
         self._counts = [0] * layout.counts_len
         self._fetched: Item | None = None
         self._prepared: tuple[list[int], list[int]] | None = None
-        self._rows: list[Header] = []    # the last collective's headers
+        self._rows: Headers | None = None  # the last collective's headers
         self._totals: Sequence[int] = ()  # and its reduced counts (`Gathered`)
         self._tokens_max: Sequence[int] = ()
         self._decision = None
@@ -191,13 +191,14 @@ class RankCore:
 
     def collect(self, gathered: Gathered) -> Out:
         """Fire the WAIT row on what the round's collective returned: every rank's header in rank order
-        (int vectors, or `Header`s a simulation decodes once for all its ranks) and the reduced counts.
+        (an ``(N, length)`` int array as the transport hands it, int vectors, or the `Headers` a simulation
+        decodes once for all its ranks) and the reduced counts.
 
         Raises what `Replicated.decide` raises (every rank alike: a collective mismatch, a
         divergence, another epoch)."""
         if not self.waiting:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
-        self._rows = [r if isinstance(r, Header) else self.layout.decode(r) for r in gathered.rows]
+        self._rows = self.layout.decode_all(gathered.rows)
         if self.lane is not None:  # the N ranks' headers -> the P pools' (the rows themselves without pooling)
             self._rows = pool_rows(self._rows, self.lanes, self.replica.round)
         self.layout.check_reduced(gathered)
@@ -255,7 +256,7 @@ class RankCore:
                 return 0
             target, sizes = self._decision.target, [it.sizes for it in self._window]
             try:
-                groups = call_partition(self.policy, sizes, target, lo, self.cost, [h.summary for h in self._rows])
+                groups = call_partition(self.policy, sizes, target, lo, self.cost, self._rows.summaries)
                 check_partition(groups, len(sizes), lo, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._fail(ProtocolError(
@@ -390,9 +391,9 @@ class RankCore:
         if not self.traced:
             return release, rep_err, None
         return release, rep_err, {"round": rnd, "collective": {
-            "headers": [{"st": h.st, "n": h.n, "shape": self.layout.length} for h in rows],
-            "summaries": [list(h.summary) for h in rows], "rounds": [h.round for h in rows],
-            "replicated": [[h.epoch, h.deal, h.target, h.proposal] for h in rows],
+            "headers": [{"st": st, "n": n, "shape": self.layout.length} for st, n in zip(rows.values("st"), rows.values("n"))],
+            "summaries": [list(h) for h in rows.summaries], "rounds": rows.values("round"),
+            "replicated": [list(v) for v in zip(*map(rows.values, REPLICATED))],
             "inputs": dict(self._decision.inputs)}}
 
     def _release(self, final: bool) -> tuple[tuple, BaseException | None]:
@@ -457,7 +458,7 @@ class RankCore:
         self.stats.unemitted_indices.extend(left + (rest or []))
 
     def _abort_error(self, rnd: int) -> RankFailure:
-        bad = [(r, h.st) for r, h in enumerate(self._rows) if h.st != OK]
+        bad = [(r, st) for r, st in enumerate(self._rows.values("st")) if st != OK]
         G = self.lanes  # pooled: the rows are the pools' (`odb.core.pool`)
         who = (lambda r: f"rank {r}") if G == 1 else (lambda r: f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})")
         what = "; ".join(f"{who(r)} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)

@@ -1,8 +1,8 @@
 """The replicated round decision: what every rank computes alike from the gathered headers.
 
 Legend
-    rows      the round's decoded headers (`odb.core.header.Header`), one per rank, in rank
-              order: identical on every rank
+    rows      the round's gathered headers (`odb.core.header.Headers`: every rank's, in rank order,
+              read a field at a time), identical on every rank
     shared    `odb.core.shared.Shared`: the settings the construction check compared
     aheads    each rank's inner-DataLoader prefetch, gathered at construction
     digest    what a rank posts of its replicated state (`Replicated.digest`): its dealer's
@@ -37,12 +37,12 @@ from __future__ import annotations
 import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from ..batching.deal import DealtOrder, round_needs
+from ..batching.deal import DealtOrder, Posted, round_needs
 from ..errors import ConfigError, ProtocolError
 from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, MODES, Table
-from .header import REPLICATED, Header
+from .header import REPLICATED, Header, Headers
 from .pool import lane_proposal
 from .shared import Shared
 
@@ -57,8 +57,11 @@ class Decision(NamedTuple):
     target: int        # the table's Let("target") on `inputs`
 
 
-def table_headers(rows: Sequence[Header], length: int) -> list[dict]:
-    """The table's view of the gathered headers: the payload (``st``, ``n``) and the shape."""
+def table_headers(rows: "Headers | Sequence[Header]", length: int) -> "dict[str, list] | list[dict]":
+    """The table's view of the gathered headers: the payload (``st``, ``n``) and the shape; `Headers` as
+    columns (`odb.protocol.machine.collective_inputs` reads either), decoded headers one mapping each."""
+    if isinstance(rows, Headers):  # a 2-D array: every row has the layout's length
+        return {"st": rows.values("st"), "n": rows.values("n"), "shape": [length] * len(rows)}
     return [{"st": h.st, "n": h.n, "shape": length} for h in rows]
 
 
@@ -129,35 +132,35 @@ class Replicated:
         """What this rank posts of its replicated state: (dealer CRC, last target, last proposal)."""
         return (_dealer_crc(self.order), *self.last)
 
-    def decide(self, rows: Sequence[Header]) -> Decision:
+    def decide(self, rows: Headers) -> Decision:
         """The round's decision from every rank's header (module docstring); advances the round."""
         if len(rows) != self.world_size:
             raise ProtocolError(f"round {self.round}: {len(rows)} headers for {self.world_size} ranks")
         self._agree(rows)
         headers = table_headers(rows, self.shared.header_len)
-        summaries = [h.summary for h in rows]  # the decoded tuples, read only: a memo compares them by identity
+        summaries = rows.summaries  # tuples, kept: the policy's memo compares them by identity
         proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round,
                                    self.shared.lanes)
         target = round_target(self.table, inputs, self.cfg)
         if self.order is not None and not self.order.done:
-            need = round_needs(self.shared.window, target, [(h.n, h.intake) for h in rows], self.aheads)
-            self.order.deal([h.taken for h in rows], [h.cost for h in rows], [h.dry for h in rows],
-                            [h.reserve for h in rows], need=need)
+            need = round_needs(self.shared.window, target, Posted(rows.column("n"), rows.intake), self.aheads)
+            self.order.deal(rows.values("taken"), rows.values("cost"), rows.values("dry"), rows.values("reserve"),
+                            need=need)
         self.round += 1
         self.last = (target, proposal)
         return Decision(inputs, proposal, target)
 
-    def _agree(self, rows: Sequence[Header]) -> None:
+    def _agree(self, rows: Headers) -> None:
         rnd = self.round
-        rounds = [h.round for h in rows]
-        if set(rounds) != {rnd}:  # every rank sees the same headers, so every rank raises this
-            raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds {rounds}")
+        rounds = rows.column("round")
+        if (rounds != rnd).any():  # every rank sees the same headers, so every rank raises this
+            raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds {rounds.tolist()}")
         for name in REPLICATED:
-            vals = [getattr(h, name) for h in rows]
-            if len(set(vals)) == 1:
+            col = rows.column(name)
+            if (col == col[0]).all():
                 continue
             by = {}
-            for r, v in enumerate(vals):
+            for r, v in enumerate(col.tolist()):
                 by.setdefault(v, []).append(r)
             what = "; ".join(f"{v} on ranks {rs}" for v, rs in sorted(by.items()))
             if name == "epoch":

@@ -230,7 +230,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
         if res.rounds > max_rounds:
             raise RuntimeError(f"simulation did not finish within {max_rounds} rounds")
         g = reduce_posts(posts)  # decoded once for every rank (each runtime rank decodes its own)
-        g = g._replace(rows=[layout.decode(h) for h in g.rows])
+        g = g._replace(rows=layout.decode_all(g.rows))
         for r, c in enumerate(cores):
             _take(c.collect(g), r, out, res, pool_size if one else 0)
         res.targets.append(cores[0].decision.target)
@@ -258,7 +258,9 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     check_pool(len(shards), pool_size, mode, "fixed" if deal is None else "dealt")
     if policy is None:
         policy = functools.partial(default_policy, pool_size)
-    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, lanes=pool_size)
+    # one replica alone, as the runtime's (no deal shared with other replicas: `DealtOrder`'s shared_deals None)
+    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, share_deals=False,
+                       lanes=pool_size)
     core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size)
     ok = lambda: 0  # noqa: E731
     out = []
@@ -272,7 +274,7 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
         if post is None or list(post.header) != list(mine.header) or \
                 (mine.counts is not None and list(post.counts) != list(mine.counts)):
             raise ProtocolError(f"replay of rank {rank}: round {k}'s post differs from the recorded one")
-        rows = [setting.layout.decode(h) for h in g.rows]
+        rows = setting.layout.decode_all(g.rows)
         t2 = time.perf_counter()
         o = core.collect(g._replace(rows=rows))
         t3 = time.perf_counter()

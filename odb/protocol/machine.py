@@ -12,7 +12,7 @@ from the row's ``phase_to`` (rows never list it among their updates).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from ..errors import ProtocolError
 from .expr import Expr, Hdr, Scope, evaluate, leaves
@@ -169,21 +169,26 @@ def _hdr_names(e: Expr) -> tuple[str, ...]:
     return hit[1]
 
 
-def aggregate(agg: Aggregate, headers: list[Mapping], cfg: Mapping) -> int:
+def aggregate(agg: Aggregate, headers: "list[Mapping] | Mapping[str, Sequence]", cfg: Mapping) -> int:
     """``agg.op`` over every header of ``agg.of``.  The expression reads a header only through its
     `Hdr` leaves, so it is evaluated once per distinct header as those fields see it (a few among N
     headers: N lookups instead of N interpretations); a header missing a field raises KeyError as
-    the interpreter would."""
+    the interpreter would.  `headers`: one mapping per rank, or (columns) each field's values, one
+    per rank (`collective_inputs`)."""
     return _aggregate(agg, _distinct(headers, _hdr_names(agg.of)), cfg)
 
 
-def _distinct(headers: list[Mapping], names: tuple[str, ...]) -> list[dict]:
-    """The distinct projections of `headers` on `names`, as headers."""
-    if not headers:
+def _distinct(headers: "list[Mapping] | Mapping[str, Sequence]", names: tuple[str, ...]) -> list[dict]:
+    """The distinct projections of `headers` (per rank, or columns) on `names`, as headers."""
+    if isinstance(headers, Mapping):
+        cols = [headers[k] for k in names]  # KeyError on a missing field
+        size = len(next(iter(headers.values()), ()))
+    else:
+        cols = [[h[k] for h in headers] for k in names]
+        size = len(headers)
+    if not size:
         raise ValueError("an aggregate over no headers")
-    get = [h[k] for h in headers for k in names]  # KeyError on a missing field
-    w = len(names)
-    seen = {tuple(get[i:i + w]) for i in range(0, len(get), w)} if w else {()}
+    seen = set(zip(*cols)) if names else {()}
     return [dict(zip(names, v)) for v in seen]
 
 
@@ -194,14 +199,15 @@ def _aggregate(agg: Aggregate, distinct: list[dict], cfg: Mapping) -> int:
     return max(vals) if agg.op == "max" else min(vals)
 
 
-def collective_inputs(table: Table, headers: list[Mapping], proposal: int, cfg: Mapping) -> dict:
+def collective_inputs(table: Table, headers: "list[Mapping] | Mapping[str, Sequence]", proposal: int, cfg: Mapping) -> dict:
     """The collective inputs every rank reads at its ``collect`` row.
 
-    `headers` are all ranks' posted headers, in rank order; `proposal` is the
-    alignment policy's output for these headers.  Raises ProtocolError if the
-    posted shapes differ (a collective mismatch).
+    `headers` are all ranks' posted headers, in rank order: one mapping per rank,
+    or (columns, what the runtime's N headers come as) a mapping of each field to
+    every rank's values; `proposal` is the alignment policy's output for these
+    headers.  Raises ProtocolError if the posted shapes differ (a collective mismatch).
     """
-    shapes = {h.get("shape") for h in headers}
+    shapes = set(headers.get("shape", (None,))) if isinstance(headers, Mapping) else {h.get("shape") for h in headers}
     if len(shapes) > 1:
         raise ProtocolError(f"collective mismatch: posted header shapes differ across ranks: {sorted(shapes)}")
     names = tuple(sorted({k for a in table.aggregates for k in _hdr_names(a.of)}))

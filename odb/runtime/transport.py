@@ -41,7 +41,7 @@ class HeaderGather:
     """Post a rank's `Post`, then collect the round's `Gathered` (``group`` None: world size 1, the rank's own).
 
     ``post`` starts the round's collectives (`counts_mode`) and returns at once; ``collect`` waits at most
-    ``timeout_s`` for all of them together and returns the N headers as lists of ints with the reduced
+    ``timeout_s`` for all of them together and returns the N headers as an ``(N, H)`` int64 array with the reduced
     counts, raising what gloo raises (timeout, a peer closed the connection).  One post, then one collect,
     per round, in the same order on every rank."""
 
@@ -85,10 +85,11 @@ class HeaderGather:
         finally:
             self._works = None
         n, h = self.world_size, self._h
-        if self.mode == "gather":
-            rows = [t.tolist() for t in self._recv]
-            return reduce_posts([Post(r[:h], r[h:]) for r in rows])
-        return Gathered(self._sums[:n * h].view(n, h).tolist(), self._sums[n * h:].tolist(), self._maxes.tolist())
+        if self.mode == "gather":  # every rank's header and counts: the sums and maxima computed here
+            a = torch.stack(self._recv).numpy()
+            return Gathered(a[:, :h], a[:, h:].sum(axis=0).tolist(), a[:, h::3].max(axis=0).tolist())
+        # the headers as the (N, H) int64 array (decoded a field at a time: `odb.core.header.Headers`)
+        return Gathered(self._sums[:n * h].view(n, h).numpy(), self._sums[n * h:].tolist(), self._maxes.tolist())
 
     def release(self) -> None:
         """Drop the hold on the group and the buffers (a group kept alive past the pass would be destroyed
