@@ -55,6 +55,7 @@ from .bench_metrics import metrics
 from .bench_render import render
 from .bench_targets import TARGET_VALUES
 from .distributions import DISTRIBUTIONS, describe, sample_lengths
+from .provenance import stamp
 
 __all__ = ["main", "metrics", "run_config", "grid", "RESULTS"]
 
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keep = set(a.only.split(","))
         cfgs = [c for c in cfgs if c[0] in keep]
+    prov = stamp()  # the code that runs, taken before it runs
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as ex:
         results = list(ex.map(_run, cfgs))
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                          "odb": mine["methods"]["odb"], "odb_dealt": mine["methods"]["odb_dealt"],
                          "release_reimpl": mine["methods"]["release_reimpl"],
                          "gmt_steps": mine["methods"]["gmt"]["steps"]})
-    report = {"date": time.strftime("%Y-%m-%d"), "wall_s": wall, "jobs": a.jobs, "full": a.full,
+    report = {"date": time.strftime("%Y-%m-%d"), "provenance": prov, "wall_s": wall, "jobs": a.jobs, "full": a.full,
               "targets": TARGET_VALUES, "decision_microbench_1024": micro, "release_package": released,
               "distributions": {d: describe(sample_lengths(d, 20000)) for d in DISTRIBUTIONS},
               "results": results}

@@ -260,8 +260,10 @@ def training_wait(num_samples: int = 600, window: int = 64, budget: int = 2048) 
 def main(out_dir) -> dict:
     """Measure the three figures, print them, write ``runtime_overhead.json`` into `out_dir`."""
     torch.set_num_threads(1)
+    from .provenance import stamp
+
     figures = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
-                           "load_average_1min_at_start": os.getloadavg()[0]}}
+                           "load_average_1min_at_start": os.getloadavg()[0]}, "provenance": stamp()}
     figures["loader"] = loader_overhead()
     figures["collective"] = collective_scaling()
     figures["training"] = training_wait()

@@ -499,6 +499,8 @@ def _plot(res: dict, path: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .provenance import stamp
+
     ap = argparse.ArgumentParser(description="The cluster-scale grid (module docstring).")
     ap.add_argument("--full", action="store_true", help="N up to 1024, every cost (hours on 2 cores)")
     ap.add_argument("--workers", type=int, default=2)
@@ -523,7 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.window:
         # each point once: the full grid's wide points are there already
         pts = list(dict.fromkeys(at_window(p, args.window, args.per_rank) for p in pts))
+    prov = stamp()  # the code that runs, taken before it runs (a commit made during the run is not it)
     res = run_grid(args.full, args.workers, pts=pts)
+    res["provenance"] = prov
     if args.window:
         res["grid"].update(window=args.window,
                            per_rank=args.per_rank or max(8 * args.window, res["grid"]["per_rank"]))

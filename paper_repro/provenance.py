@@ -1,0 +1,148 @@
+"""Which code a result file came from, and whether today's code still computes what it holds.
+
+Legend
+    stamp        what a result writer records under ``"provenance"``: the git ``commit`` of the tree that ran
+                 (None outside a git checkout), ``dirty`` (uncommitted changes under ``odb/`` or
+                 ``paper_repro/``, results excluded) and the ``fingerprint``
+    fingerprint  a SHA-256 of what the scale grid computes (`paper_repro.scale_grid.run_point`: every method's
+                 exact batches through the step-time model, ODB's dealt and pooled runs, the baselines) on
+                 `PROBES`, three small points, with the measured wall times left out (`TIMING_KEYS`).  Code
+                 that changes no batch and no figure keeps it (a refactor, a faster deal); a change to the
+                 policy, the dealer, a baseline, the metrics or the step-time model changes it
+    status       of each results JSON: ``current`` (its fingerprint is today's), ``STALE`` (another: the code
+                 that made it computes otherwise now; rerun it), ``unstamped`` (written before stamps)
+    verified     a scale-grid result written before stamps whose cheapest point today's code recomputed with
+                 every figure equal (`verify`): stamped with today's fingerprint and that point
+
+Why: result files outlive the code that made them.  Three committed grids had predated the epoch-end flush or
+shipped the pooling prototype's column, and only a comparison of commit times by hand found them.  A figure
+from code that no longer runs is a claim about a sibling.
+
+    python -m paper_repro.provenance [--strict] [RESULTS_DIR]   (``--strict``: exit 1 if any is STALE)
+    python -m paper_repro.provenance --verify FILE ...          (recompute, and stamp if equal)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["PROBES", "TIMING_KEYS", "fingerprint", "stamp", "check", "verify"]
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "paper_repro" / "results"
+# (dist, world, window, budget, cost, per_rank, pooled): padded with pooled windows, packed and quadratic
+PROBES = (("sharegpt4o", 16, 32, 4096, "padded", 128, True),
+          ("mmmix", 8, 16, 4096, "packed", 64, False),
+          ("release", 8, 16, 4096, "quadratic", 64, False))
+# wall times measured while computing, not computed: they differ run to run
+TIMING_KEYS = frozenset({"plan_s", "sim_s", "point_s", "decision_ms", "decision_ms_max"})
+
+
+def _computed(x):
+    """`x` without its measured wall times."""
+    if isinstance(x, dict):
+        return {k: _computed(v) for k, v in x.items() if k not in TIMING_KEYS}
+    if isinstance(x, list):
+        return [_computed(v) for v in x]
+    return x
+
+
+def fingerprint(probes=PROBES) -> str:
+    """The SHA-256 of `run_point` on `probes` (module docstring); about 3 s."""
+    from .scale_grid import run_point
+
+    h = hashlib.sha256()
+    for dist, world, window, budget, kind, per_rank, pooled in probes:
+        res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
+        h.update(json.dumps(_computed(res), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def stamp() -> dict:
+    """What a result writer records (module docstring)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
+    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+
+
+def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list[tuple[str, str, str]]:
+    """``(file, status, commit)`` for every results JSON (module docstring); `current`: today's fingerprint
+    (None: computed here)."""
+    out = []
+    for p in sorted(Path(results_dir).glob("*.json")):
+        try:
+            prov = json.loads(p.read_text()).get("provenance")
+        except (ValueError, AttributeError):
+            prov = None
+        if not isinstance(prov, dict) or "fingerprint" not in prov:
+            out.append((p.name, "unstamped", ""))
+            continue
+        if current is None:
+            current = fingerprint()
+        commit = (prov.get("commit") or "?")[:10] + (" (dirty)" if prov.get("dirty") else "")
+        if prov.get("verified"):
+            commit += f", a point recomputed alike at {(prov['verified'].get('commit') or '?')[:10]}"
+        out.append((p.name, "current" if prov["fingerprint"] == current else "STALE", commit))
+    return out
+
+
+def verify(path: str | Path, current: str | None = None, write: bool = True) -> tuple[bool, list]:
+    """Recompute the cheapest point (fewest samples) of a scale-grid result with today's code: (every computed
+    figure equal, the point).  Equal, `write` and the file unstamped: it is stamped with today's fingerprint
+    (`current`; None: computed here) and ``verified`` (today's commit, the point).  Its own commit stays None:
+    the file says which code made it no more than before, only that today's computes its figures alike."""
+    from .scale_grid import run_point
+
+    p = Path(path)
+    res = json.loads(p.read_text())
+    r = min(res["rows"], key=lambda r: (r["world"] * r["per_rank"], r["world"]))
+    pooled = "odb_pooled8" in r["methods"]
+    at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"], pooled]
+    same = _computed(run_point(*at[:6], 0, pooled=pooled)) == _computed(r)
+    if same and write and "provenance" not in res:
+        res["provenance"] = {"commit": None, "dirty": None, "fingerprint": current or fingerprint(),
+                             "verified": {"commit": _git("rev-parse", "HEAD"), "point": at,
+                                          "date": time.strftime("%Y-%m-%d")}}
+        p.write_text(json.dumps(res))
+    return same, at
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", nargs="?", default=str(RESULTS))
+    ap.add_argument("--strict", action="store_true", help="exit 1 if a result is STALE")
+    ap.add_argument("--verify", nargs="+", default=[], metavar="FILE",
+                    help="scale-grid results: recompute each one's cheapest point, stamp it if equal (`verify`)")
+    a = ap.parse_args(argv)
+    for f in a.verify:
+        t0 = time.perf_counter()
+        same, at = verify(f)
+        print(f"{'verified' if same else 'DIFFERS':>9}  {Path(f).name}: {at} recomputed in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        if not same:
+            return 1
+    rows = check(a.results)
+    for name, status, commit in rows:
+        print(f"{status:>9}  {name}{f'  (from {commit})' if commit else ''}")
+    stale = sum(s == "STALE" for _, s, _ in rows)
+    print(f"{len(rows)} result files: {sum(s == 'current' for _, s, _ in rows)} current, {stale} stale, "
+          f"{sum(s == 'unstamped' for _, s, _ in rows)} unstamped")
+    return 1 if a.strict and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Result provenance (`paper_repro.provenance`): the fingerprint of what the grid computes, and the check that
+tells a result file made by today's code from one made by code that computes otherwise."""
+
+import json
+
+
+def test_the_fingerprint_is_the_grids_figures_without_wall_times_and_a_rule_change_moves_it(monkeypatch):
+    from odb.batching import policy
+    from paper_repro import provenance
+
+    a = provenance.fingerprint()
+    assert a == provenance.fingerprint()  # wall times left out: the same code gives the same fingerprint
+    monkeypatch.setattr(policy, "fill_bucket", lambda fill: policy.NUM_BUCKETS - 1)  # the policy's rule 4 blinded
+    assert provenance.fingerprint() != a
+
+
+def test_timing_keys_are_left_out_wherever_they_sit():
+    from paper_repro.provenance import _computed
+
+    x = {"methods": {"odb": {"sim_s": 1.5, "steps": 3, "predicted": {"samples_per_s": 2.0, "seconds": 9.0}}},
+         "point_s": 4.0, "rows": [{"plan_s": 1.0, "steps": 2}]}
+    assert _computed(x) == {"methods": {"odb": {"steps": 3, "predicted": {"samples_per_s": 2.0, "seconds": 9.0}}},
+                            "rows": [{"steps": 2}]}
+
+
+def test_the_check_names_each_result_current_stale_or_unstamped(tmp_path, monkeypatch):
+    from paper_repro import provenance
+
+    (tmp_path / "a.json").write_text(json.dumps({"provenance": {"commit": "abc", "dirty": False, "fingerprint": "F"}}))
+    (tmp_path / "b.json").write_text(json.dumps({"provenance": {"commit": "def", "dirty": True, "fingerprint": "G"}}))
+    (tmp_path / "c.json").write_text(json.dumps({"rows": []}))
+    (tmp_path / "d.json").write_text("not json")
+    assert provenance.check(tmp_path, current="F") == [
+        ("a.json", "current", "abc"), ("b.json", "STALE", "def (dirty)"), ("c.json", "unstamped", ""),
+        ("d.json", "unstamped", "")]
+    (tmp_path / "b.json").unlink()
+    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    assert provenance.main([str(tmp_path), "--strict"]) == 0
+    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "H")  # the code computes otherwise
+    assert provenance.main([str(tmp_path), "--strict"]) == 1 and provenance.main([str(tmp_path)]) == 0
+
+
+def test_a_stamp_names_the_commit_and_whether_the_tree_was_dirty(monkeypatch):
+    from paper_repro import provenance
+
+    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    s = provenance.stamp()
+    assert s["fingerprint"] == "F" and set(s) == {"commit", "dirty", "fingerprint"}
+    if s["commit"] is not None:  # a git checkout (CI's clone is one)
+        assert len(s["commit"]) == 40 and isinstance(s["dirty"], bool)
+
+
+def test_verify_recomputes_a_results_cheapest_point_and_stamps_it_only_if_every_figure_is_equal(tmp_path, monkeypatch):
+    from paper_repro import provenance
+    from paper_repro.scale_grid import run_point
+
+    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    rows = [run_point("mmmix", 8, 16, 4096, "packed", 64), run_point("llava", 8, 16, 4096, "padded", 96)]
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"rows": rows}))
+    rows[0]["methods"]["odb_dealt"]["steps"] += 1  # one figure of the cheapest point, as other code made it
+    bad.write_text(json.dumps({"rows": rows}))
+    assert provenance.verify(bad) == (False, ["mmmix", 8, 16, 4096, "packed", 64, False])
+    assert "provenance" not in json.loads(bad.read_text())
+    assert provenance.verify(good)[0]
+    prov = json.loads(good.read_text())["provenance"]
+    assert prov["fingerprint"] == "F" and prov["commit"] is None and prov["verified"]["point"][0] == "mmmix"
+    assert provenance.check(tmp_path, current="F")[1][:2] == ("good.json", "current")
