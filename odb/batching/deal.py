@@ -189,12 +189,11 @@ def fill_order(start: Sequence[float], ranks: Sequence[int], mu: float, left: in
     for margin in margins:
         c = np.maximum(base + margin, 1)  # at least each start: a rank above the level is compared too
         K = int(c.max())
-        if n * K <= 4 * int(c.sum()):  # about level: one (K, n) block, accumulated down its columns
-            est = np.full((K, n), mu)
-            est[0] = v0
-            np.add.accumulate(est, axis=0, out=est)
-            valid = (np.arange(K)[:, None] < c[None, :]).T
-            v = est.T[valid]                                   # rank-major: rank, then k
+        if n * K <= 4 * int(c.sum()):  # about level: one (n, K) block, each rank's row accumulated along it
+            est = np.full((n, K), mu)
+            est[:, 0] = v0
+            np.add.accumulate(est, axis=1, out=est)
+            v = est[np.arange(K)[None, :] < c[:, None]]        # rank-major: rank, then k
         else:
             v = np.concatenate([np.add.accumulate(np.concatenate(([x], np.full(k - 1, mu)))) for x, k in zip(v0, c)])
         who = np.repeat(np.arange(n), c)
