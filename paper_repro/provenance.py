@@ -100,11 +100,14 @@ def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list
     return out
 
 
-def verify(path: str | Path, current: str | None = None, write: bool = True) -> tuple[bool, list]:
+def verify(path: str | Path, current: str | None = None, write: bool = True,
+           commit: str | None = None) -> tuple[bool, list]:
     """Recompute the cheapest point (fewest samples) of a scale-grid result with today's code: (every computed
     figure equal, the point).  Equal, `write` and the file unstamped: it is stamped with today's fingerprint
     (`current`; None: computed here) and ``verified`` (today's commit, the point).  Its own commit stays None:
-    the file says which code made it no more than before, only that today's computes its figures alike."""
+    the file says which code made it no more than before, only that today's computes its figures alike.
+    `commit`: the commit of the code that recomputes (None: HEAD now; a caller verifying many files takes it
+    once, before the first, as the code it runs was imported then)."""
     from .scale_grid import run_point
 
     p = Path(path)
@@ -115,7 +118,7 @@ def verify(path: str | Path, current: str | None = None, write: bool = True) -> 
     same = _computed(run_point(*at[:6], 0, pooled=pooled)) == _computed(r)
     if same and write and "provenance" not in res:
         res["provenance"] = {"commit": None, "dirty": None, "fingerprint": current or fingerprint(),
-                             "verified": {"commit": _git("rev-parse", "HEAD"), "point": at,
+                             "verified": {"commit": commit or _git("rev-parse", "HEAD"), "point": at,
                                           "date": time.strftime("%Y-%m-%d")}}
         p.write_text(json.dumps(res))
     return same, at
@@ -128,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify", nargs="+", default=[], metavar="FILE",
                     help="scale-grid results: recompute each one's cheapest point, stamp it if equal (`verify`)")
     a = ap.parse_args(argv)
+    head, current = (_git("rev-parse", "HEAD"), fingerprint()) if a.verify else (None, None)
     for f in a.verify:
         t0 = time.perf_counter()
-        same, at = verify(f)
+        same, at = verify(f, current, commit=head)
         print(f"{'verified' if same else 'DIFFERS':>9}  {Path(f).name}: {at} recomputed in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         if not same:
