@@ -318,7 +318,8 @@ def _compare_section(prev: list[dict], runs: list[dict], ratios_only: bool = Fal
 
 def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: float,
               load: tuple[float, float] | None = None, prices: dict | None = None, previous: list | None = None,
-              phases: dict | None = None, budget: dict | None = None, scale: dict | None = None) -> None:
+              phases: dict | None = None, budget: dict | None = None, scale: dict | None = None,
+              provenance: dict | None = None) -> None:
     from . import cluster_sim, scale_grid
 
     prices = prices or {}
@@ -326,7 +327,7 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
     hw = f"cpu{os.cpu_count()}"
     os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, "repro_raw.json"), "w") as f:
-        json.dump({"runs": runs, "sim": sim, "prices": prices}, f)
+        json.dump({"runs": runs, "sim": sim, "prices": prices, "provenance": provenance}, f)
     meas = [f"# Measured: every method side by side, repeated and interleaved, 2 gloo CPU ranks "
             f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})", "",
             "Command: `python -m paper_repro.repro" + (" --full" if full else "") + "`.", "", MEASUREMENT, "",

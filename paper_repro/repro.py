@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import cache_cost, cluster_runs, scale_grid
     from .data import get_tokenizer
+    from .provenance import stamp
+
+    prov = stamp()  # the code that runs, taken before it runs
 
     specs = full_specs() if args.full else quick_specs()
     if args.only:
@@ -227,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     sim = cluster_runs.run_all(full=args.full, progress=True)
     sim_s = time.monotonic() - t
-    scale = scale_grid.run_grid(full=args.full, workers=2, progress=True)
+    scale = {**scale_grid.run_grid(full=args.full, workers=2, progress=True), "provenance": prov}
     report.write_all(args.out, runs, sim, full=args.full, elapsed_s=time.monotonic() - t_start,
                      load=(load0, os.getloadavg()[0]), prices=prices, previous=prev,
                      phases={"cache pricing": prices_s, "training jobs": sum(r.get("job_s", 0) for r in runs),
                              "cluster simulation": sim_s, "scale grid": scale["seconds"]}, budget=BUDGET,
-                     scale=scale)
+                     scale=scale, provenance=prov)
     elapsed = time.monotonic() - t_start
     rounds = sorted({r["spec"]["repeats"] for r in runs})
     for line in report.budget_lines(BUDGET, elapsed, report.loop_seconds(runs), rounds, args.full):
