@@ -6,12 +6,14 @@ Legend
                  ``paper_repro/``, results excluded) and the ``fingerprint``
     fingerprint  a SHA-256 of what the scale grid computes (`paper_repro.scale_grid.run_point`: every method's
                  exact batches through the step-time model, ODB's dealt and pooled runs, the baselines) on
-                 `PROBES`, three small points, with the measured wall times left out (`TIMING_KEYS`).  Code
+                 `PROBES`, three small points, and the quality grid (`paper_repro.bench_grid.run_config`, ``make
+                 bench``: fixed shards too) on `QUALITY_PROBES`, with the measured wall times left out
+                 (`TIMING_KEYS`).  Code
                  that changes no batch and no figure keeps it (a refactor, a faster deal); a change to the
                  policy, the dealer, a baseline, the metrics or the step-time model changes it
     status       of each results JSON: ``current`` (its fingerprint is today's), ``STALE`` (another: the code
                  that made it computes otherwise now; rerun it), ``unstamped`` (written before stamps)
-    verified     a scale-grid result written before stamps whose cheapest point today's code recomputed with
+    verified     a scale- or quality-grid result written before stamps whose cheapest point today's code recomputed with
                  every figure equal (`verify`): stamped with today's fingerprint and that point
 
 Why: result files outlive the code that made them.  Three committed grids had predated the epoch-end flush or
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["PROBES", "TIMING_KEYS", "fingerprint", "stamp", "check", "verify"]
+__all__ = ["PROBES", "QUALITY_PROBES", "TIMING_KEYS", "fingerprint", "stamp", "check", "verify"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "paper_repro" / "results"
@@ -40,6 +42,8 @@ RESULTS = ROOT / "paper_repro" / "results"
 PROBES = (("sharegpt4o", 16, 32, 4096, "padded", 128, True),
           ("mmmix", 8, 16, 4096, "packed", 64, False),
           ("release", 8, 16, 4096, "quadratic", 64, False))
+# (dist, world, window, budget, cost, per_rank) of the quality grid
+QUALITY_PROBES = (("llava", 2, 64, 4096, "padded", 256), ("release", 4, 32, 4096, "packed", 128))
 # wall times measured while computing, not computed: they differ run to run
 TIMING_KEYS = frozenset({"plan_s", "sim_s", "point_s", "decision_ms", "decision_ms_max"})
 
@@ -53,14 +57,17 @@ def _computed(x):
     return x
 
 
-def fingerprint(probes=PROBES) -> str:
-    """The SHA-256 of `run_point` on `probes` (module docstring); about 3 s."""
+def fingerprint(probes=PROBES, quality_probes=QUALITY_PROBES) -> str:
+    """The SHA-256 of `run_point` on `probes` and `run_config` on `quality_probes` (module docstring); about 3 s."""
+    from .bench_grid import run_config
     from .scale_grid import run_point
 
     h = hashlib.sha256()
     for dist, world, window, budget, kind, per_rank, pooled in probes:
         res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
         h.update(json.dumps(_computed(res), sort_keys=True).encode())
+    for q in quality_probes:
+        h.update(json.dumps(_computed(run_config(*q)), sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -102,25 +109,33 @@ def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list
 
 def verify(path: str | Path, current: str | None = None, write: bool = True,
            commit: str | None = None) -> tuple[bool, list]:
-    """Recompute the cheapest point (fewest samples) of a scale-grid result with today's code: (every computed
+    """Recompute the cheapest point (fewest samples) of a scale-grid or quality-grid (``make bench``) result
+    with today's code: (every computed
     figure equal, the point).  Equal, `write` and the file unstamped: it is stamped with today's fingerprint
     (`current`; None: computed here) and ``verified`` (today's commit, the point).  Its own commit stays None:
     the file says which code made it no more than before, only that today's computes its figures alike.
     `commit`: the commit of the code that recomputes (None: HEAD now; a caller verifying many files takes it
     once, before the first, as the code it runs was imported then)."""
+    from .bench_grid import run_config
     from .scale_grid import run_point
 
     p = Path(path)
     res = json.loads(p.read_text())
-    r = min(res["rows"], key=lambda r: (r["world"] * r["per_rank"], r["world"]))
-    pooled = "odb_pooled8" in r["methods"]
-    at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"], pooled]
-    same = _computed(run_point(*at[:6], 0, pooled=pooled)) == _computed(r)
+    if "rows" in res:  # the scale grid (`scale_grid.run_point`)
+        r = min(res["rows"], key=lambda r: (r["world"] * r["per_rank"], r["world"]))
+        pooled = "odb_pooled8" in r["methods"]
+        at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"], pooled]
+        again = run_point(*at[:6], 0, pooled=pooled)
+    else:  # the quality grid (`bench_grid.run_config`, ``make bench``)
+        r = min(res["results"], key=lambda r: (r["samples"], r["world"], r["window"]))
+        at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["samples"] // r["world"]]
+        again = run_config(*at)
+    same = _computed(again) == _computed(r)
     if same and write and "provenance" not in res:
         res["provenance"] = {"commit": None, "dirty": None, "fingerprint": current or fingerprint(),
                              "verified": {"commit": commit or _git("rev-parse", "HEAD"), "point": at,
                                           "date": time.strftime("%Y-%m-%d")}}
-        p.write_text(json.dumps(res))
+        p.write_text(json.dumps(res, indent=None if "rows" in res else 1))  # each grid's own layout
     return same, at
 
 
@@ -129,23 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", nargs="?", default=str(RESULTS))
     ap.add_argument("--strict", action="store_true", help="exit 1 if a result is STALE")
     ap.add_argument("--verify", nargs="+", default=[], metavar="FILE",
-                    help="scale-grid results: recompute each one's cheapest point, stamp it if equal (`verify`)")
+                    help="scale- or quality-grid results: recompute each one's cheapest point, stamp it if equal")
     a = ap.parse_args(argv)
     head, current = (_git("rev-parse", "HEAD"), fingerprint()) if a.verify else (None, None)
+    differ = 0
     for f in a.verify:
         t0 = time.perf_counter()
         same, at = verify(f, current, commit=head)
+        differ += not same
         print(f"{'verified' if same else 'DIFFERS':>9}  {Path(f).name}: {at} recomputed in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
-        if not same:
-            return 1
     rows = check(a.results)
     for name, status, commit in rows:
         print(f"{status:>9}  {name}{f'  (from {commit})' if commit else ''}")
     stale = sum(s == "STALE" for _, s, _ in rows)
     print(f"{len(rows)} result files: {sum(s == 'current' for _, s, _ in rows)} current, {stale} stale, "
           f"{sum(s == 'unstamped' for _, s, _ in rows)} unstamped")
-    return 1 if a.strict and stale else 0
+    return 1 if differ or (a.strict and stale) else 0
 
 
 if __name__ == "__main__":

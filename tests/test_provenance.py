@@ -10,6 +10,7 @@ def test_the_fingerprint_is_the_grids_figures_without_wall_times_and_a_rule_chan
 
     a = provenance.fingerprint()
     assert a == provenance.fingerprint()  # wall times left out: the same code gives the same fingerprint
+    assert provenance.fingerprint(probes=()) != a != provenance.fingerprint(quality_probes=())  # both grids count
     monkeypatch.setattr(policy, "fill_bucket", lambda fill: policy.NUM_BUCKETS - 1)  # the policy's rule 4 blinded
     assert provenance.fingerprint() != a
 
@@ -34,16 +35,16 @@ def test_the_check_names_each_result_current_stale_or_unstamped(tmp_path, monkey
         ("a.json", "current", "abc"), ("b.json", "STALE", "def (dirty)"), ("c.json", "unstamped", ""),
         ("d.json", "unstamped", "")]
     (tmp_path / "b.json").unlink()
-    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
     assert provenance.main([str(tmp_path), "--strict"]) == 0
-    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "H")  # the code computes otherwise
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "H")  # the code computes otherwise
     assert provenance.main([str(tmp_path), "--strict"]) == 1 and provenance.main([str(tmp_path)]) == 0
 
 
 def test_a_stamp_names_the_commit_and_whether_the_tree_was_dirty(monkeypatch):
     from paper_repro import provenance
 
-    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
     s = provenance.stamp()
     assert s["fingerprint"] == "F" and set(s) == {"commit", "dirty", "fingerprint"}
     if s["commit"] is not None:  # a git checkout (CI's clone is one)
@@ -54,7 +55,7 @@ def test_verify_recomputes_a_results_cheapest_point_and_stamps_it_only_if_every_
     from paper_repro import provenance
     from paper_repro.scale_grid import run_point
 
-    monkeypatch.setattr(provenance, "fingerprint", lambda probes=provenance.PROBES: "F")
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
     rows = [run_point("mmmix", 8, 16, 4096, "packed", 64), run_point("llava", 8, 16, 4096, "padded", 96)]
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
     good.write_text(json.dumps({"rows": rows}))
@@ -66,3 +67,18 @@ def test_verify_recomputes_a_results_cheapest_point_and_stamps_it_only_if_every_
     prov = json.loads(good.read_text())["provenance"]
     assert prov["fingerprint"] == "F" and prov["commit"] is None and prov["verified"]["point"][0] == "mmmix"
     assert provenance.check(tmp_path, current="F")[1][:2] == ("good.json", "current")
+
+
+def test_verify_reads_a_quality_grid_result_too(tmp_path, monkeypatch):
+    from paper_repro import provenance
+    from paper_repro.bench_grid import run_config
+
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
+    f = tmp_path / "quality_sim_x.json"
+    results = [run_config("llava", 2, 64, 4096, "padded", 256), run_config("release", 4, 32, 4096, "packed", 128)]
+    results[1]["methods"]["odb"]["steps"] += 1  # a figure of a point verify does not pick stays unseen
+    f.write_text(json.dumps({"results": results}, indent=1))
+    assert provenance.verify(f) == (True, ["llava", 2, 64, 4096, "padded", 256])
+    results[0]["methods"]["odb"]["steps"] += 1
+    f.write_text(json.dumps({"results": results}, indent=1))
+    assert provenance.verify(f)[0] is False
