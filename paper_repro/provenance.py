@@ -13,8 +13,9 @@ Legend
                  policy, the dealer, a baseline, the metrics or the step-time model changes it
     status       of each results JSON: ``current`` (its fingerprint is today's), ``STALE`` (another: the code
                  that made it computes otherwise now; rerun it), ``unstamped`` (written before stamps)
-    verified     a scale- or quality-grid result written before stamps whose cheapest point today's code recomputed with
-                 every figure equal (`verify`): stamped with today's fingerprint and that point
+    verified     a scale- or quality-grid result written before stamps whose cheapest point today's code
+                 recomputed (`verify`): stamped with that point, and today's fingerprint if every figure was
+                 equal (else none: STALE)
 
 Why: result files outlive the code that made them.  Three committed grids had predated the epoch-end flush or
 shipped the pooling prototype's column, and only a comparison of commit times by hand found them.  A figure
@@ -95,14 +96,75 @@ def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list
             prov = json.loads(p.read_text()).get("provenance")
         except (ValueError, AttributeError):
             prov = None
-        if not isinstance(prov, dict) or "fingerprint" not in prov:
+        if not isinstance(prov, dict) or "fingerprint" not in prov:  # (None: recomputed otherwise, STALE)
             out.append((p.name, "unstamped", ""))
             continue
         if current is None:
             current = fingerprint()
         commit = (prov.get("commit") or "?")[:10] + (" (dirty)" if prov.get("dirty") else "")
-        if prov.get("verified"):
-            commit += f", a point recomputed alike at {(prov['verified'].get('commit') or '?')[:10]}"
+        v = prov.get("verified")
+        if v:
+            commit += (f", a point recomputed {'alike' if v.get('same', True) else 'otherwise'} at "
+                       f"{(v.get('commit') or '?')[:10]}")
+        out.append((p.name, "current" if prov["fingerprint"] == current else "STALE", commit))
+    return out
+
+
+def verify(path: str | Path, current: str | None = None, write: bool = True,
+           commit: str | None = None) -> tuple[bool, list]:
+    """Recompute the cheapest point (fewest samples) of a scale-grid or quality-grid (``make bench``) result
+    with today's code: (every computed figure equal, the point).  With `write`, an unstamped file is stamped:
+    ``verified`` (the recomputing commit, the point, ``same``) and, if equal, today's fingerprint (`current`;
+    None: computed here), else none (the check then says STALE).  Its own commit stays None: the file says
+    which code made it no more than before, only whether today's computes its figures alike.  `commit`: the
+    commit of the code that recomputes (None: HEAD now; a caller verifying many files takes it once, before
+    the first, as the code it runs was imported then)."""
+    from .bench_grid import run_config
+    from .scale_grid import run_point
+
+    h = hashlib.sha256()
+    for dist, world, window, budget, kind, per_rank, pooled in probes:
+        res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
+        h.update(json.dumps(_computed(res), sort_keys=True).encode())
+    for q in quality_probes:
+        h.update(json.dumps(_computed(run_config(*q)), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def stamp() -> dict:
+    """What a result writer records (module docstring)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
+    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+
+
+def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list[tuple[str, str, str]]:
+    """``(file, status, commit)`` for every results JSON (module docstring); `current`: today's fingerprint
+    (None: computed here)."""
+    out = []
+    for p in sorted(Path(results_dir).glob("*.json")):
+        try:
+            prov = json.loads(p.read_text()).get("provenance")
+        except (ValueError, AttributeError):
+            prov = None
+        if not isinstance(prov, dict) or "fingerprint" not in prov:  # (None: recomputed otherwise, STALE)
+            out.append((p.name, "unstamped", ""))
+            continue
+        if current is None:
+            current = fingerprint()
+        commit = (prov.get("commit") or "?")[:10] + (" (dirty)" if prov.get("dirty") else "")
+        v = prov.get("verified")
+        if v:
+            commit += (f", a point recomputed {'alike' if v.get('same', True) else 'otherwise'} at "
+                       f"{(v.get('commit') or '?')[:10]}")
         out.append((p.name, "current" if prov["fingerprint"] == current else "STALE", commit))
     return out
 
@@ -131,10 +193,10 @@ def verify(path: str | Path, current: str | None = None, write: bool = True,
         at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["samples"] // r["world"]]
         again = run_config(*at)
     same = _computed(again) == _computed(r)
-    if same and write and "provenance" not in res:
-        res["provenance"] = {"commit": None, "dirty": None, "fingerprint": current or fingerprint(),
+    if write and "provenance" not in res:  # equal: today's fingerprint; else none, so the check says STALE
+        res["provenance"] = {"commit": None, "dirty": None, "fingerprint": (current or fingerprint()) if same else None,
                              "verified": {"commit": commit or _git("rev-parse", "HEAD"), "point": at,
-                                          "date": time.strftime("%Y-%m-%d")}}
+                                          "date": time.strftime("%Y-%m-%d"), "same": same}}
         p.write_text(json.dumps(res, indent=None if "rows" in res else 1))  # each grid's own layout
     return same, at
 

@@ -62,11 +62,11 @@ def test_verify_recomputes_a_results_cheapest_point_and_stamps_it_only_if_every_
     rows[0]["methods"]["odb_dealt"]["steps"] += 1  # one figure of the cheapest point, as other code made it
     bad.write_text(json.dumps({"rows": rows}))
     assert provenance.verify(bad) == (False, ["mmmix", 8, 16, 4096, "packed", 64, False])
-    assert "provenance" not in json.loads(bad.read_text())
+    assert json.loads(bad.read_text())["provenance"]["fingerprint"] is None  # recomputed otherwise: STALE
     assert provenance.verify(good)[0]
     prov = json.loads(good.read_text())["provenance"]
     assert prov["fingerprint"] == "F" and prov["commit"] is None and prov["verified"]["point"][0] == "mmmix"
-    assert provenance.check(tmp_path, current="F")[1][:2] == ("good.json", "current")
+    assert [c[:2] for c in provenance.check(tmp_path, current="F")] == [("bad.json", "STALE"), ("good.json", "current")]
 
 
 def test_verify_reads_a_quality_grid_result_too(tmp_path, monkeypatch):
@@ -81,4 +81,4 @@ def test_verify_reads_a_quality_grid_result_too(tmp_path, monkeypatch):
     assert provenance.verify(f) == (True, ["llava", 2, 64, 4096, "padded", 256])
     results[0]["methods"]["odb"]["steps"] += 1
     f.write_text(json.dumps({"results": results}, indent=1))
-    assert provenance.verify(f)[0] is False
+    assert provenance.verify(f, write=False)[0] is False
