@@ -28,63 +28,18 @@ from code that no longer runs is a claim about a sibling.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+# what is fingerprinted lives with the grid that computes it: the grid's CLI stamps its results, and a module
+# the grid imported could not import the grid back
+from .scale_grid import PROBES, QUALITY_PROBES, TIMING_KEYS, fingerprint, git, stamp, without_timings
+
 __all__ = ["PROBES", "QUALITY_PROBES", "TIMING_KEYS", "fingerprint", "stamp", "check", "verify"]
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "paper_repro" / "results"
-# (dist, world, window, budget, cost, per_rank, pooled): padded with pooled windows, packed and quadratic
-PROBES = (("sharegpt4o", 16, 32, 4096, "padded", 128, True),
-          ("mmmix", 8, 16, 4096, "packed", 64, False),
-          ("release", 8, 16, 4096, "quadratic", 64, False))
-# (dist, world, window, budget, cost, per_rank) of the quality grid
-QUALITY_PROBES = (("llava", 2, 64, 4096, "padded", 256), ("release", 4, 32, 4096, "packed", 128))
-# wall times measured while computing, not computed: they differ run to run
-TIMING_KEYS = frozenset({"plan_s", "sim_s", "point_s", "decision_ms", "decision_ms_max"})
-
-
-def _computed(x):
-    """`x` without its measured wall times."""
-    if isinstance(x, dict):
-        return {k: _computed(v) for k, v in x.items() if k not in TIMING_KEYS}
-    if isinstance(x, list):
-        return [_computed(v) for v in x]
-    return x
-
-
-def fingerprint(probes=PROBES, quality_probes=QUALITY_PROBES) -> str:
-    """The SHA-256 of `run_point` on `probes` and `run_config` on `quality_probes` (module docstring); about 3 s."""
-    from .bench_grid import run_config
-    from .scale_grid import run_point
-
-    h = hashlib.sha256()
-    for dist, world, window, budget, kind, per_rank, pooled in probes:
-        res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
-        h.update(json.dumps(_computed(res), sort_keys=True).encode())
-    for q in quality_probes:
-        h.update(json.dumps(_computed(run_config(*q)), sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def stamp() -> dict:
-    """What a result writer records (module docstring)."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
-    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list[tuple[str, str, str]]:
@@ -122,65 +77,6 @@ def verify(path: str | Path, current: str | None = None, write: bool = True,
     from .bench_grid import run_config
     from .scale_grid import run_point
 
-    h = hashlib.sha256()
-    for dist, world, window, budget, kind, per_rank, pooled in probes:
-        res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
-        h.update(json.dumps(_computed(res), sort_keys=True).encode())
-    for q in quality_probes:
-        h.update(json.dumps(_computed(run_config(*q)), sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def stamp() -> dict:
-    """What a result writer records (module docstring)."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
-    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
-
-
-def check(results_dir: str | Path = RESULTS, current: str | None = None) -> list[tuple[str, str, str]]:
-    """``(file, status, commit)`` for every results JSON (module docstring); `current`: today's fingerprint
-    (None: computed here)."""
-    out = []
-    for p in sorted(Path(results_dir).glob("*.json")):
-        try:
-            prov = json.loads(p.read_text()).get("provenance")
-        except (ValueError, AttributeError):
-            prov = None
-        if not isinstance(prov, dict) or "fingerprint" not in prov:  # (None: recomputed otherwise, STALE)
-            out.append((p.name, "unstamped", ""))
-            continue
-        if current is None:
-            current = fingerprint()
-        commit = (prov.get("commit") or "?")[:10] + (" (dirty)" if prov.get("dirty") else "")
-        v = prov.get("verified")
-        if v:
-            commit += (f", a point recomputed {'alike' if v.get('same', True) else 'otherwise'} at "
-                       f"{(v.get('commit') or '?')[:10]}")
-        out.append((p.name, "current" if prov["fingerprint"] == current else "STALE", commit))
-    return out
-
-
-def verify(path: str | Path, current: str | None = None, write: bool = True,
-           commit: str | None = None) -> tuple[bool, list]:
-    """Recompute the cheapest point (fewest samples) of a scale-grid or quality-grid (``make bench``) result
-    with today's code: (every computed
-    figure equal, the point).  Equal, `write` and the file unstamped: it is stamped with today's fingerprint
-    (`current`; None: computed here) and ``verified`` (today's commit, the point).  Its own commit stays None:
-    the file says which code made it no more than before, only that today's computes its figures alike.
-    `commit`: the commit of the code that recomputes (None: HEAD now; a caller verifying many files takes it
-    once, before the first, as the code it runs was imported then)."""
-    from .bench_grid import run_config
-    from .scale_grid import run_point
-
     p = Path(path)
     res = json.loads(p.read_text())
     if "rows" in res:  # the scale grid (`scale_grid.run_point`)
@@ -192,10 +88,10 @@ def verify(path: str | Path, current: str | None = None, write: bool = True,
         r = min(res["results"], key=lambda r: (r["samples"], r["world"], r["window"]))
         at = [r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["samples"] // r["world"]]
         again = run_config(*at)
-    same = _computed(again) == _computed(r)
+    same = without_timings(again) == without_timings(r)
     if write and "provenance" not in res:  # equal: today's fingerprint; else none, so the check says STALE
         res["provenance"] = {"commit": None, "dirty": None, "fingerprint": (current or fingerprint()) if same else None,
-                             "verified": {"commit": commit or _git("rev-parse", "HEAD"), "point": at,
+                             "verified": {"commit": commit or git("rev-parse", "HEAD"), "point": at,
                                           "date": time.strftime("%Y-%m-%d"), "same": same}}
         p.write_text(json.dumps(res, indent=None if "rows" in res else 1))  # each grid's own layout
     return same, at
@@ -208,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify", nargs="+", default=[], metavar="FILE",
                     help="scale- or quality-grid results: recompute each one's cheapest point, stamp it if equal")
     a = ap.parse_args(argv)
-    head, current = (_git("rev-parse", "HEAD"), fingerprint()) if a.verify else (None, None)
+    head, current = (git("rev-parse", "HEAD"), fingerprint()) if a.verify else (None, None)
     differ = 0
     for f in a.verify:
         t0 = time.perf_counter()

@@ -56,11 +56,14 @@ missed, and for a miss the ceiling that explains it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Sequence
 
 __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "run_point", "run_grid",
@@ -498,9 +501,58 @@ def _plot(res: dict, path: str) -> str | None:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .provenance import stamp
+# -- provenance: what each result records of the code that made it (`paper_repro.provenance` checks it) --------
+_ROOT = Path(__file__).resolve().parents[1]
+# (dist, world, window, budget, cost, per_rank, pooled): padded with pooled windows, packed and quadratic
+PROBES = (("sharegpt4o", 16, 32, 4096, "padded", 128, True),
+          ("mmmix", 8, 16, 4096, "packed", 64, False),
+          ("release", 8, 16, 4096, "quadratic", 64, False))
+# (dist, world, window, budget, cost, per_rank) of the quality grid
+QUALITY_PROBES = (("llava", 2, 64, 4096, "padded", 256), ("release", 4, 32, 4096, "packed", 128))
+# wall times measured while computing, not computed: they differ run to run
+TIMING_KEYS = frozenset({"plan_s", "sim_s", "point_s", "decision_ms", "decision_ms_max"})
 
+
+def without_timings(x):
+    """`x` without its measured wall times."""
+    if isinstance(x, dict):
+        return {k: without_timings(v) for k, v in x.items() if k not in TIMING_KEYS}
+    if isinstance(x, list):
+        return [without_timings(v) for v in x]
+    return x
+
+
+def fingerprint(probes=PROBES, quality_probes=QUALITY_PROBES) -> str:
+    """The SHA-256 of `run_point` on `probes` and `run_config` on `quality_probes` (`paper_repro.provenance`);
+    about 3 s."""
+    from .bench_grid import run_config
+
+    h = hashlib.sha256()
+    for dist, world, window, budget, kind, per_rank, pooled in probes:
+        res = run_point(dist, world, window, budget, kind, per_rank, 0, pooled=pooled)
+        h.update(json.dumps(without_timings(res), sort_keys=True).encode())
+    for q in quality_probes:
+        h.update(json.dumps(without_timings(run_config(*q)), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def git(*args: str) -> str | None:
+    """``git args`` in this checkout: its output, or None (no git, not a checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def stamp() -> dict:
+    """What a result writer records (`paper_repro.provenance`): the commit, a dirty tree, the fingerprint."""
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
+    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="The cluster-scale grid (module docstring).")
     ap.add_argument("--full", action="store_true", help="N up to 1024, every cost (hours on 2 cores)")
     ap.add_argument("--workers", type=int, default=2)

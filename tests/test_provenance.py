@@ -16,7 +16,7 @@ def test_the_fingerprint_is_the_grids_figures_without_wall_times_and_a_rule_chan
 
 
 def test_timing_keys_are_left_out_wherever_they_sit():
-    from paper_repro.provenance import _computed
+    from paper_repro.scale_grid import without_timings as _computed
 
     x = {"methods": {"odb": {"sim_s": 1.5, "steps": 3, "predicted": {"samples_per_s": 2.0, "seconds": 9.0}}},
          "point_s": 4.0, "rows": [{"plan_s": 1.0, "steps": 2}]}
@@ -42,9 +42,9 @@ def test_the_check_names_each_result_current_stale_or_unstamped(tmp_path, monkey
 
 
 def test_a_stamp_names_the_commit_and_whether_the_tree_was_dirty(monkeypatch):
-    from paper_repro import provenance
+    from paper_repro import provenance, scale_grid
 
-    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
+    monkeypatch.setattr(scale_grid, "fingerprint", lambda *a, **k: "F")
     s = provenance.stamp()
     assert s["fingerprint"] == "F" and set(s) == {"commit", "dirty", "fingerprint"}
     if s["commit"] is not None:  # a git checkout (CI's clone is one)
