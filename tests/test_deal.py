@@ -258,6 +258,14 @@ def test_the_sorted_end_game_picks_what_the_heap_picks_in_its_order(start, mu, l
     assert list(map(int, got)) == want
 
 
+def test_a_margin_too_small_for_the_picks_is_widened_not_trusted():
+    """A found case, pinned: at 1e15 a step of 0.1 rounds away (float spacing 0.125), so the ranks' estimates
+    stay put and a margin of 0 generates too few of them; the picks must come from the heap, not the sort."""
+    start, ranks = [1e15, 1e15, 1e15 + 1], [0, 1, 2]
+    assert list(map(int, fill_order(start, ranks, 0.1, 25, fast_from=0, margins=(0,)))) == \
+        heap_order(start, ranks, 0.1, 25)
+
+
 def test_a_large_end_game_deals_each_rank_the_positions_the_heap_gives_it():
     """Past the size where the dealer sorts (`_FAST_LEFT`), with reserve takes in the order's tail:
     each rank's part is the free positions at its picks, in order, and the dealer ends done."""
