@@ -25,8 +25,8 @@ partition, the deal), ``decode`` (the N headers as the transport hands them, an 
 `odb.core.header.Headers`), ``decision`` (``decode + collect``: all a rank computes between the
 collective's return and its batches), ``local`` (the EMIT/FILL rows before the post: per-sample work,
 counted in the loader's CPU per sample).  Each part also gives each round's median over the passes
-(``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N; the loss counts are reduced, not gathered
-(`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
+(``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N;
+the loss counts are reduced, not gathered (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
 """
 
 from __future__ import annotations

@@ -13,5 +13,6 @@ from .header import REPLICATED, Header, HeaderLayout, Headers
 from .replica import Decision, Replicated, proposal_bounds, round_proposal, round_target, table_headers
 from .shared import GATHERED, Shared, describe_cost, describe_policy, mismatches
 
-__all__ = ["Header", "HeaderLayout", "Headers", "REPLICATED", "Decision", "Replicated", "proposal_bounds", "round_proposal",
+__all__ = ["Header", "HeaderLayout", "Headers", "REPLICATED", "Decision", "Replicated", "proposal_bounds",
+           "round_proposal",
            "round_target", "table_headers", "Shared", "GATHERED", "describe_cost", "describe_policy", "mismatches"]

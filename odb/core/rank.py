@@ -391,7 +391,8 @@ class RankCore:
         if not self.traced:
             return release, rep_err, None
         return release, rep_err, {"round": rnd, "collective": {
-            "headers": [{"st": st, "n": n, "shape": self.layout.length} for st, n in zip(rows.values("st"), rows.values("n"))],
+            "headers": [{"st": st, "n": n, "shape": self.layout.length}
+                        for st, n in zip(rows.values("st"), rows.values("n"))],
             "summaries": [list(h) for h in rows.summaries], "rounds": rows.values("round"),
             "replicated": [list(v) for v in zip(*map(rows.values, REPLICATED))],
             "inputs": dict(self._decision.inputs)}}

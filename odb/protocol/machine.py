@@ -199,7 +199,8 @@ def _aggregate(agg: Aggregate, distinct: list[dict], cfg: Mapping) -> int:
     return max(vals) if agg.op == "max" else min(vals)
 
 
-def collective_inputs(table: Table, headers: "list[Mapping] | Mapping[str, Sequence]", proposal: int, cfg: Mapping) -> dict:
+def collective_inputs(table: Table, headers: "list[Mapping] | Mapping[str, Sequence]", proposal: int,
+                      cfg: Mapping) -> dict:
     """The collective inputs every rank reads at its ``collect`` row.
 
     `headers` are all ranks' posted headers, in rank order: one mapping per rank,
