@@ -70,3 +70,16 @@ def test_a_sub_batch_never_costs_more(spec, batch, drop):
     assert all(p <= f + 1e-9 for p, f in zip(part, full))
     if c.fits(batch):
         assert c.fits(sub)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.lists(st.lists(st.integers(0, 5000), max_size=3).map(tuple), min_size=1, max_size=12),
+       spec=st.sampled_from(["padded", "packed", "quadratic"]))
+def test_a_resource_costs_its_definition_when_some_samples_lack_it(batch, spec):
+    """Image patches (resource 1) of a batch where some samples carry only tokens, or nothing: a sample without
+    a resource has none of it, for every kind."""
+    c = make_cost_model({"tokens": 10**6, "image_patches": (spec, 10**6)})
+    lens = [s[1] if len(s) > 1 else 0 for s in batch]
+    want = {"padded": len(batch) * max(lens), "packed": sum(lens),
+            "quadratic": sum(L + QUADRATIC_B * L * L for L in lens)}[spec]
+    assert c.batch_cost(batch)[1] == pytest.approx(want, rel=1e-12)

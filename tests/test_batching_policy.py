@@ -3,6 +3,8 @@ and its proposal is a deterministic function of the gathered summaries."""
 
 import random
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -426,3 +428,83 @@ def test_attention_coefficient_and_the_construction_check_sees_it():
         attention_coefficient(0, 2048, 2.1e9)
     assert describe_policy(BalancedPolicy(attention=0)) != describe_policy(default_policy())
     assert describe_policy(BalancedPolicy()) == describe_policy(default_policy())
+
+
+@settings(max_examples=150, deadline=None)
+@given(window=windows, data=st.data())
+def test_the_partition_check_refuses_every_broken_partition_and_names_the_fault(window, data):
+    """A policy is not trusted: a partition with a repeated, out-of-range or negative position, an empty
+    group, a group over budget or another number of groups is refused, whichever group holds the fault."""
+    cost = _cost("padded")
+    real = data.draw(st.integers(1, len(window)))
+    good = default_policy().partition(window, real, real, cost)
+    check_partition(good, len(window), real, window, cost)
+    g = data.draw(st.integers(0, real - 1))
+    fault = data.draw(st.sampled_from(["repeat", "past_end", "negative", "empty", "count"]))
+    bad = [list(x) for x in good]
+    if fault == "repeat":
+        other = data.draw(st.integers(0, real - 1))
+        bad[g].append(bad[other][0] if other != g or len(bad[g]) > 1 else bad[g][0])
+    elif fault == "past_end":
+        bad[g].append(len(window) + data.draw(st.integers(0, 3)))
+    elif fault == "negative":
+        bad[g][0] = -1 - data.draw(st.integers(0, 3))
+    elif fault == "empty":
+        bad[g] = []
+    else:
+        bad = bad[:-1] if data.draw(st.booleans()) else bad + [[]]
+    msg = {"repeat": "out of range or repeated", "past_end": "out of range or repeated",
+           "negative": "out of range or repeated", "empty": "empty group", "count": "groups, the table decided"}[fault]
+    with pytest.raises(ValueError, match=msg):
+        check_partition(bad, len(window), len(bad) if fault != "count" else real, window, cost)
+
+
+def test_the_partition_check_refuses_a_group_over_budget():
+    cost, window = _cost("padded", 1000), [(400,), (400,), (300,)]
+    check_partition([[0, 2], [1]], 3, 2, window, cost)
+    with pytest.raises(ValueError, match="exceeds the budget"):
+        check_partition([[0, 1, 2]], 3, 1, window, cost)
+    check_partition([[0]], 1, 1, [(5000,)], cost)  # a lone over-budget sample is a group of its own
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(rank_summaries, min_size=2, max_size=5), window=st.sampled_from([64, 1024]), data=st.data())
+def test_the_summaries_as_one_array_decide_as_rows_do_round_after_round(rounds, window, data):
+    """One policy fed each round's summaries as the array the runtime hands it (`Headers.summary_array`) proposes
+    and profiles what a fresh policy reading them as rows does: the memo of the last round's array never answers
+    for the next round's."""
+    pol = default_policy()
+    for sums in rounds:
+        rows = [tuple(_summary(*x)) for x in sums]
+        arr = np.array(rows, dtype=np.int64)
+        arr.flags.writeable = False
+        t = data.draw(st.integers(1, 40))
+        assert pol.propose(arr, window) == default_policy().propose(rows, window)
+        assert pol.profile(arr, t) == default_policy().profile(rows, t)
+
+
+def test_summaries_of_another_layout_are_refused_as_an_array_too():
+    good = _summary(5, False, [0] * OVER + [2])
+    for bad in ([SUMMARY_TAG + 1, *good[1:]], good[:-1]):
+        for form in (lambda rows: rows, lambda rows: np.array(rows, dtype=np.int64)):
+            with pytest.raises(ProtocolError, match="not BalancedPolicy's"):
+                default_policy().propose(form([good, bad]) if len(bad) == len(good) else form([bad, bad]), 64)
+
+
+def test_the_profile_counts_each_ranks_groups_after_those_it_lends():
+    """Two ranks, one holding a lone over-budget sample of level 2 (a quorum of one): an over-budget slot, where
+    the other rank lends its fullest group within budget; the bucket minima then count that rank's groups from its
+    costliest bucket on, less the one it lent."""
+    hist0 = [0, 0, 1, 0, 0, 0] + [2, 0, 0, 2]  # the over-budget sample; 2 groups of fill ~1.0 and 2 of ~0.925
+    hist1 = [0] * OVER + [1, 0, 0, 2]  # its group of ~1.0 goes into the over-budget slot
+    rows = [_summary(40, False, hist0), _summary(40, False, hist1)]
+    assert default_policy().profile(rows, 8) == [2, OVER + 3, OVER + 3]
+    assert default_policy().profile(np.array(rows), 8) == [2, OVER + 3, OVER + 3]
+
+
+def test_ranks_without_data_do_not_bind_the_target():
+    """A rank with an empty window (its data ran out, others still have theirs) is left out of the minima: the
+    target is the ranks with data's, not 1."""
+    rows = [_summary(0, False, []), _summary(50, False, [0] * OVER + [5])]
+    for form in (rows, np.array(rows)):
+        assert default_policy().propose(form, 64) == 5

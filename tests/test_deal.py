@@ -43,7 +43,7 @@ def test_every_position_is_dealt_exactly_once(shape, rounds, data):
     parts += _drain(d)
     flat = [p for deal in parts for ps in deal for p in ps]
     assert sorted(flat) == list(range(shape[0]))
-    assert [sum(len(deal[r]) for deal in parts) for r in range(d.world)] == d.dealt
+    assert [sum(len(deal[r]) for deal in parts) for r in range(d.world)] == d.dealt.tolist()
 
 
 @settings(max_examples=120, deadline=None)
@@ -109,7 +109,7 @@ def test_a_dry_rank_leaves_the_rest_to_the_others():
     d = Dealer(40, 3, 2)
     d.start()  # 0..5
     out = d.deal([2, 2, 2], [2 * COST_SCALE] * 3, [0, 1, 0])
-    assert out == [[6, 7], [], [8, 9]] and d.closed == [False, True, False]
+    assert out == [[6, 7], [], [8, 9]] and d.closed.tolist() == [False, True, False]
 
 
 @settings(max_examples=60, deadline=None)
@@ -286,10 +286,16 @@ def test_a_large_end_game_deals_each_rank_the_positions_the_heap_gives_it():
     mu = sum(cost) / sum(taken)
     pend = [ref.dealt[r] + reserve[r] - taken[r] for r in range(world)]
     picks = heap_order([cost[r] + pend[r] * mu for r in range(world)], list(range(world)), mu, len(free))
+    state = d.state_dict()
     parts = d.deal(taken, cost, reserve=reserve, need=[total] * world)  # more than is left: the end game
-    assert parts == [[p for p, q in zip(free, picks) if q == r] for r in range(world)]
+    want = [[p for p, q in zip(free, picks) if q == r] for r in range(world)]
+    assert parts == want
     assert d.done and d.cursor == total and sorted(p for part in parts for p in part) == free
-    assert d.dealt == [40 + s + len(parts[r]) for r, s in enumerate(reserve)]
+    assert d.dealt.tolist() == [40 + s + len(parts[r]) for r, s in enumerate(reserve)]
+    for r in range(world):  # a replica reads its own part first (a mask over the picks), then maybe another's
+        d.load_state_dict(state)
+        lazy = d.deal_parts(taken, cost, reserve=reserve, need=[total] * world)
+        assert list(lazy[r]) == want[r] and list(lazy[(r + 3) % world]) == want[(r + 3) % world]
 
 
 def test_the_sort_decides_a_large_end_game_and_the_heap_only_where_it_cannot():
@@ -380,3 +386,17 @@ def test_a_deal_at_scale_tops_up_as_arrays_and_deals_each_position_once():
     assert {"_TopUp", "loop"} <= shapes  # both ways of topping up were taken
     flat = sorted(p for ps in parts for p in ps)
     assert flat == list(range(20_000))
+
+
+
+def test_a_rank_reads_the_keys_of_its_parts_in_the_order_dealt():
+    """A dealt rank's keys are the epoch's ``(position, index)`` pairs at the positions dealt to it, in the order
+    dealt: its first deal (every N-th position), then a top-up's consecutive run."""
+    from odb.batching.deal import DealtOrder, Keys
+
+    perm = [(7 * p + 3) % 101 for p in range(101)]  # a sampler's order: index != position
+    o = DealtOrder(Keys.of(perm), 3, 1, 4)
+    assert o.first() == [(p, perm[p]) for p in (1, 4, 7, 10)]
+    got = o.deal([4, 4, 4], [4 * COST_SCALE] * 3, [0, 0, 0], [0, 0, 0], need=[6, 6, 6])
+    assert got == [(p, perm[p]) for p in range(18, 24)]  # rank 0 was topped up with 12..17 before it
+    assert o.keys == [(p, perm[p]) for p in (1, 4, 7, 10, *range(18, 24))]

@@ -11,7 +11,9 @@ another system.
 from __future__ import annotations
 
 from functools import lru_cache
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import z3
 from hypothesis import given, settings
@@ -19,7 +21,9 @@ from hypothesis import strategies as st
 
 from models.env import Model, SysState
 from models.logic import holds
-from odb.protocol.expr import Cfg, Const, Field, Input, Let, Op, Param, Scope, evaluate, to_z3
+from odb.protocol import machine
+from odb.protocol.expr import Cfg, Const, Field, Hdr, Input, Let, Op, Param, Scope, evaluate, leaves, to_z3
+from odb.protocol.table import Aggregate
 from odb.protocol.table import DGAP, JOIN, PAD, QUOTA
 from proofs.symbolic.encode import ENV_ARRAYS, MAILBOX, QUIT, Encoder
 from proofs.symbolic.invariants import INVARIANT, rounds_bound_value
@@ -82,6 +86,50 @@ def test_evaluate_equals_z3_model_eval(kind, data, env):
         assert z3.is_true(got) == bool(want), e
     else:
         assert got.as_long() == want, e
+
+
+# -- (a') the aggregates over header columns (numpy, every rank at once) == the interpreter per header ----
+HDR_INT = [Hdr("st"), Hdr("n"), Hdr("m"), Cfg("W")]
+
+
+def _hdr_exprs(kind: str, depth: int):
+    """Well-typed header expressions: `_exprs`' operators over header fields, the window and constants."""
+    if kind == "int":
+        leaf = st.one_of(st.sampled_from(HDR_INT), st.integers(-4, 4).map(Const))
+    else:
+        leaf = st.booleans().map(Const)
+    if depth == 0:
+        return leaf
+    sub_i, sub_b = _hdr_exprs("int", depth - 1), _hdr_exprs("bool", depth - 1)
+    if kind == "int":
+        return st.one_of(leaf, st.tuples(st.sampled_from(INT_BIN), sub_i, sub_i).map(lambda t: Op(t[0], (t[1], t[2]))),
+                         st.tuples(sub_b, sub_i, sub_i).map(lambda t: Op("ite", t)))
+    return st.one_of(leaf, st.tuples(st.sampled_from(CMP), sub_i, sub_i).map(lambda t: Op(t[0], (t[1], t[2]))),
+                     st.tuples(st.sampled_from(["and", "or"]), sub_b, sub_b).map(lambda t: Op(t[0], (t[1], t[2]))),
+                     sub_b.map(lambda a: Op("not", (a,))), st.tuples(sub_b, sub_b, sub_b).map(lambda t: Op("ite", t)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(1, 40), big=st.booleans())
+def test_aggregates_over_header_columns_equal_the_interpreter_per_header(data, n, big):
+    """What a rank computes from the gathered headers as int64 columns (`machine._array_inputs`) is what the
+    interpreter computes header by header, value and type; a column past the exact range (``big``) is left
+    to the interpreter."""
+    aggs = tuple(Aggregate(f"a{k}", data.draw(st.sampled_from(["max", "min"])),
+                           data.draw(_hdr_exprs(data.draw(st.sampled_from(["int", "bool"])), 3)), "")
+                 for k in range(3))
+    table = SimpleNamespace(aggregates=aggs)
+    top = (1 << 63) - 1 if big else 9  # big: sums past int64 (the interpreter's ints do not wrap)
+    cols = {f: data.draw(st.lists(st.integers(-top - big, top), min_size=n, max_size=n)) for f in ("st", "n", "m")}
+    cfg = {"W": data.draw(st.integers(1, 6))}
+    per_header = [{f: cols[f][r] for f in cols} for r in range(n)]
+    arrays = {f: np.asarray(v, dtype=np.int64) for f, v in cols.items()}
+    want = machine.collective_inputs(table, per_header, 0, cfg)
+    got = machine.collective_inputs(table, arrays, 0, cfg)
+    assert got == want and [type(got[a.name]) for a in aggs] == [type(want[a.name]) for a in aggs]
+    names = tuple(sorted({x.name for a in aggs for x in leaves(a.of) if isinstance(x, Hdr)}))
+    in_range = max(abs(v) for f in names for v in cols[f]) <= 1 << 40 if names else True
+    assert (machine._array_inputs(table, arrays, names, cfg) is not None) == in_range  # the array path was taken
 
 
 # -- (b) explicit successors == z3 successors, on every reachable state at small N -------------

@@ -61,6 +61,8 @@ from bisect import bisect_right
 from operator import itemgetter, mul
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 from ..errors import ConfigError, ProtocolError
 from .base import CostModel, Sizes
 from .cost import QUADRATIC_B, BudgetCost
@@ -81,7 +83,6 @@ _HEAD = 5  # [tag, n, exhausted, closed groups, all groups], then the fill histo
 # whose every rank holds at least _RESERVOIR_NEED full groups emits only half of them.
 _RESERVOIR_W = 256
 _RESERVOIR_NEED = 4
-_PROBE = 32  # `_profile` looks for a zero count among this many ranks before it reads a whole column
 
 
 _NEG_LOWER = [-e for e in _EDGES[1:]]  # bucket b's lower edge, negated: ascending, for bisect
@@ -183,36 +184,21 @@ def over_slots(over: Sequence[Sequence[int]], target: int, lanes: int = 1) -> tu
     return levels, own
 
 
-def _profile(live: Sequence[Sequence[int]], slots: tuple[list[int], list[list[bool]]],
-             target: int) -> list[int]:
-    """`BalancedPolicy.profile` of the ranks with data, given their `over_slots` (any target >= this one)."""
+def _profile(live: "np.ndarray", slots: tuple[list[int], list[list[bool]]], target: int) -> list[int]:
+    """`BalancedPolicy.profile` of the ranks with data (their summaries, a row each), given their `over_slots`
+    (any target >= this one)."""
     levels = slots[0][:target]
+    h = live[:, _HEAD + OVER:]  # each rank's closed groups within budget, per bucket, costliest first
     if levels:  # the bucket minima count each rank's groups after those it lends to over-budget slots
-        rows = []
-        for s, o in zip(live, slots[1]):
-            h = s[_HEAD:]
-            lend = o[:len(levels)].count(False)  # this rank's fullest groups that go into over-budget slots
-            if lend:
-                h = list(h)
-                for b in range(OVER, NUM_BUCKETS):
-                    if h[b] >= lend:
-                        h[b] -= lend
-                        break
-                    lend -= h[b]
-                    h[b] = 0
-            rows.append(h)
-        at = 0
-    else:  # nobody lends: straight from the summaries' columns
-        rows, at = live, _HEAD
-    head, tail = rows[:_PROBE], rows[_PROBE:]
+        # (its fullest groups: from the costliest bucket on, each bucket giving what is still to lend)
+        lend = np.array([o[:len(levels)].count(False) for o in slots[1]], dtype=np.int64)
+        if lend.any():
+            before = np.cumsum(h, axis=1) - h  # the rank's groups in costlier buckets
+            h = h - np.clip(lend[:, None] - before, 0, h)
     out = list(levels)
-    for b in range(OVER, NUM_BUCKETS):  # per bucket, costliest first, over ranks; only as far as the target
+    for b, m in enumerate(h.min(axis=0).tolist(), OVER):  # per bucket, costliest first: the least count over ranks
         if len(out) >= target:
             break
-        get = itemgetter(at + b)
-        m = min(map(get, head))
-        if m and tail:  # counts are >= 0: a zero among the first rows is the minimum (at many ranks, most buckets)
-            m = min(m, min(map(get, tail)))
         out += [b] * m
     return out[:target]
 
@@ -234,22 +220,47 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
 class _Round(NamedTuple):
     """`BalancedPolicy`'s memo of the last summaries (pure caches of them)."""
 
-    key: tuple                  # the summaries, as tuples
-    live: list                  # those of the ranks with data
+    key: object                 # the summaries as given: an array (compared by identity, then by value) or rows
+    live: "np.ndarray"          # those of the ranks with data, a row each
     slots: tuple                # their `over_slots`
     profile: list               # [target, `_profile` at it]: the longest profile computed (`_profile_of`)
-    within: list[int] | None    # each live rank's closed groups within budget; None: no over-budget sample
+    within: "np.ndarray | None"  # each live rank's closed groups within budget; None: no over-budget sample
 
 
 def _check(summaries: Sequence[Sequence[int]], length: int) -> None:
-    if set(map(len, summaries)) <= {length} and set(map(itemgetter(0), summaries)) <= {SUMMARY_TAG}:
-        return  # every row has the layout (the common case, in two passes without a Python loop)
     for r, s in enumerate(summaries):
         if len(s) != length or s[0] != SUMMARY_TAG:
             raise ProtocolError(
                 f"rank {r} posted a summary {list(s)[:8]} that is not BalancedPolicy's "
                 f"(length {length}, tag {SUMMARY_TAG}); the ranks would decide differently; "
                 "use the same alignment policy (and ODB version) on every rank")
+
+
+def _as_array(summaries: Sequence[Sequence[int]], length: int) -> "np.ndarray":
+    """The summaries as one int64 array of a row per rank; ProtocolError (naming the first rank at fault)
+    unless every row has `length` ints and the tag."""
+    if isinstance(summaries, np.ndarray):
+        a = summaries
+        if a.ndim == 2 and a.shape[1] == length and a.dtype.kind in "iu" and (a[:, 0] == SUMMARY_TAG).all():
+            return a
+        _check(a.tolist() if a.ndim == 2 else [a.tolist()], length)
+        raise ProtocolError(f"summaries as an array of shape {a.shape} and dtype {a.dtype}, not (ranks, {length}) ints")
+    rows = list(summaries)
+    if set(map(len, rows)) <= {length} and set(map(itemgetter(0), rows)) <= {SUMMARY_TAG}:
+        return np.array(rows, dtype=np.int64).reshape(len(rows), length)
+    _check(rows, length)
+    raise AssertionError("unreachable: _check raises on the row at fault")
+
+
+def _same(key: object, summaries: object) -> bool:
+    """The memo's key holds these summaries: the same array object (a round's gathered headers are read-only
+    and hand both calls of the round one array; an equal array elsewhere is merely computed again), or rows
+    equal row by row (a decoded header's summary is a tuple kept as it is: mostly the same objects)."""
+    if key is summaries:
+        return True
+    if isinstance(summaries, np.ndarray) or isinstance(key, np.ndarray):
+        return False
+    return key == tuple(map(tuple, summaries))
 
 
 class BalancedPolicy:
@@ -264,10 +275,13 @@ class BalancedPolicy:
     tag also versions the decision rule).  Holds one-entry memos of the last
     packing and of the last summaries' over-budget slots (pure caches), so
     `summarize` and the following `partition` of one round pack once, and
-    `propose` and `partition` compute the slots once.
+    `propose` and `partition` compute the slots once.  The summaries may come as rows or as one
+    ``(N, summary_len)`` int array (``summary_arrays``: the runtime hands the gathered headers' columns,
+    with no N x summary_len Python ints a round); the decision is the same either way.
     """
 
     summary_len = _HEAD + NUM_BUCKETS
+    summary_arrays = True  # `propose` and `partition` read the gathered summaries as one array (`AlignmentPolicy`)
 
     def __init__(self, attention: float = QUADRATIC_B, lanes: int = 1) -> None:
         """:param attention: ``a`` of the fill (module docstring, rule 0; `attention_coefficient` gives it
@@ -300,23 +314,23 @@ class BalancedPolicy:
         self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g])
         return self._memo[2], self._memo[3]
 
-    def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple[list, tuple[list[int], list[list[bool]]]]:
-        """The summaries of the ranks with data and their `over_slots` (any target; memoized for
-        the last summaries, so `propose` and `partition` of one round compute them once)."""
-        # the rows as tuples (a decoded header's summary is one: kept as it is, so comparing the memo's
-        # key with the same rows costs an identity check per row, not N x S int comparisons)
-        key = tuple(map(tuple, summaries))
+    def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple["np.ndarray", tuple[list[int], list[list[bool]]]]:
+        """The summaries of the ranks with data (an int64 array, a row each) and their `over_slots` (any
+        target; memoized for the last summaries, so `propose` and `partition` of one round compute them
+        once)."""
         m = self._round
-        if m is not None and m.key == key:
+        if m is not None and _same(m.key, summaries):
             return m.live, m.slots
-        _check(key, self.summary_len)
-        live = [s for s in key if s[1] > 0]
-        if any(any(map(itemgetter(_HEAD + b), live)) for b in range(OVER)):  # some rank holds an over-budget sample
-            over = [s[_HEAD:_HEAD + OVER] for s in live]
-            slots = over_slots(over, 1 << 30, self.lanes)
-            within = [s[3] - sum(o) for s, o in zip(live, over)]  # closed groups within budget, per rank
+        a = _as_array(summaries, self.summary_len)
+        has = a[:, 1] > 0
+        live = a if has.all() else a[has]  # every rank has data but at the epoch's end: no copy
+        over = live[:, _HEAD:_HEAD + OVER]
+        if over.any():  # some rank holds an over-budget sample
+            slots = over_slots(over.tolist(), 1 << 30, self.lanes)
+            within = live[:, 3] - over.sum(axis=1)  # closed groups within budget, per rank
         else:  # none does (the common case): no over-budget slot, nobody lends, every closed group is within budget
             slots, within = ([], [[]] * len(live)), None
+        key = summaries if isinstance(summaries, np.ndarray) else tuple(map(tuple, summaries))
         self._round = _Round(key, live, slots, [0, []], within)
         return live, slots
 
@@ -343,7 +357,7 @@ class BalancedPolicy:
         order).  Raises ProtocolError on a summary of another layout.
         """
         live, slots = self._slots(summaries)
-        return list(self._profile_of(live, slots, target)) if live else []
+        return list(self._profile_of(live, slots, target)) if len(live) else []
 
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
@@ -360,20 +374,21 @@ class BalancedPolicy:
         size ``W`` (the same on every rank; it switches the reservoir): deterministic, rank-order
         free, at least 1.  Raises ProtocolError on a summary of another layout."""
         live, slots = self._slots(summaries)
-        if not live:
+        if not len(live):
             return 1
-        if any(map(itemgetter(2), live)):
+        ex = live[:, 2]
+        if ex.any():
             # epoch end: exhausted ranks flush every group, the profile no longer binds
-            if all(map(itemgetter(2), live)):  # the last round: every window at once (rule 1)
-                return max(1, max(map(itemgetter(4), live)))
-            return max(1, min((s[4] if s[2] else s[3]) for s in live))
+            if ex.all():  # the last round: every window at once (rule 1)
+                return max(1, int(live[:, 4].max()))
+            return max(1, int(np.where(ex != 0, live[:, 4], live[:, 3]).min()))
         within = self._round.within
         if within is None:  # no over-budget sample anywhere: `_fillable` of a rank is its closed groups
-            t = max(1, min(map(itemgetter(3), live)))
+            t = max(1, int(live[:, 3].min()))
         elif slots[0]:
-            t = max(1, min(map(_fillable, within, slots[1])))
+            t = max(1, min(map(_fillable, within.tolist(), slots[1])))
         else:  # no over-budget slot: `_fillable` of a rank is its closed groups within budget
-            t = max(1, min(within))
+            t = max(1, int(within.min()))
         if window >= _RESERVOIR_W and t >= _RESERVOIR_NEED:
             qt = min(len(slots[0]), t)  # the reservoir halves the ordinary slots only (module docstring)
             t = qt + (t - qt + 1) // 2
@@ -447,7 +462,7 @@ class BalancedPolicy:
         # sample (a step of its own cost) only when nothing else is left, cheapest first
         if len(taken) < real:
             rest = [k for ks in by_bucket for k in ks]
-            if any(map(itemgetter(2), self._slots(summaries)[0])):
+            if self._slots(summaries)[0][:, 2].any():
                 # epoch end: costliest first, so a rank holding more cost (over-budget samples
                 # carried this far) spends it while the other ranks still have batches to run
                 rest.sort(key=lambda k: (-closed[k].fill, k))

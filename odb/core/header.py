@@ -71,15 +71,16 @@ class Headers(abc.Sequence):
     that decoding N headers is not N x length Python ints.  ``headers[r]`` is rank r's `Header` (built when
     asked: error messages, traces); `column` a field of every rank as an array, `values` as a list of
     ints; `summaries` the policy's rows (tuples, built once and kept: the policy's memo compares them by
-    identity).  Immutable: every rank's decision reads the same values."""
+    identity), `summary_array` the same as one array.  Immutable: every rank's decision reads the same values."""
 
-    __slots__ = ("layout", "array", "_lists", "_summaries")
+    __slots__ = ("layout", "array", "_lists", "_summaries", "_summary_array")
 
     def __init__(self, layout: "HeaderLayout", array: np.ndarray):
         self.layout, self.array = layout, array
         self.array.flags.writeable = False
         self._lists: dict[str, list[int]] = {}
         self._summaries: list[tuple[int, ...]] | None = None
+        self._summary_array: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.array.shape[0]
@@ -107,6 +108,15 @@ class Headers(abc.Sequence):
             a, lay = self.array, self.layout
             self._summaries = list(map(tuple, a[:, lay._sum:lay._deal].tolist()))
         return self._summaries
+
+    @property
+    def summary_array(self) -> np.ndarray:
+        """Every rank's policy summary, a row each: a read-only view of the headers (kept, so a policy's
+        memo may compare it by identity)."""
+        if self._summary_array is None:
+            lay = self.layout
+            self._summary_array = self.array[:, lay._sum:lay._deal]
+        return self._summary_array
 
     @property
     def intake(self) -> np.ndarray:
@@ -158,6 +168,7 @@ class HeaderLayout:
         self.counts_len = 3 * self.steps
         self.index = {name: k for k, name in enumerate(_SCALARS)}  # `Headers.column`
         self.index.update((name, self._deal + k) for k, name in enumerate(_DEAL))
+        self.agreed = np.array([self.index[name] for name in ("round",) + REPLICATED])  # `Replicated._agree`
 
     def encode(self, *, st: int, round: int, n: int, epoch: int, digest: Sequence[int], summary: Sequence[int],
                taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int]) -> list[int]:

@@ -25,9 +25,11 @@ final stop) returns every rank's counts for them, then released with their globa
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..batching.base import call_partition, check_partition
+from ..batching.base import call_partition, check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
@@ -69,6 +71,9 @@ class Item(NamedTuple):
     sample: Any
     sizes: tuple
     labels: int
+
+
+_SIZES = attrgetter("sizes")
 
 
 class Batch:
@@ -232,7 +237,7 @@ class RankCore:
         posted as ``st = FAILED`` in this very header (every rank leaves in this round)."""
         if row.effect.kind != "post":
             return
-        sizes = [it.sizes for it in self._window]
+        sizes = list(map(_SIZES, self._window))
         S, lad = self.layout.summary_len, self.layout.ladder_len
         try:
             summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self.local["exhausted"]))]
@@ -254,9 +259,10 @@ class RankCore:
             if lo == 0:
                 self._groups = []
                 return 0
-            target, sizes = self._decision.target, [it.sizes for it in self._window]
+            target, sizes = self._decision.target, list(map(_SIZES, self._window))
             try:
-                groups = call_partition(self.policy, sizes, target, lo, self.cost, self._rows.summaries)
+                groups = call_partition(self.policy, sizes, target, lo, self.cost,
+                                        summaries_for(self.policy, self._rows))
                 check_partition(groups, len(sizes), lo, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._fail(ProtocolError(
@@ -264,10 +270,10 @@ class RankCore:
                     f"{self._posted - 1} on rank {self.rank} (target {target}, real {lo}, window "
                     f"{len(sizes)}): {type(e).__name__}: {e}"))
                 return lo
-            used = [p for g in groups for p in g]
-            rest = sorted(set(range(len(sizes))) - set(used))
-            self._window = [self._window[p] for p in used] + [self._window[p] for p in rest]
-            self._groups = [len(g) for g in groups]
+            used = list(chain.from_iterable(groups))
+            at = self._window.__getitem__
+            self._window = list(map(at, used)) + list(map(at, sorted(set(range(len(sizes))).difference(used))))
+            self._groups = list(map(len, groups))
             return len(used)
         if choice.name == "take":
             return self._groups.pop(0)

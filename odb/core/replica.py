@@ -37,6 +37,9 @@ from __future__ import annotations
 import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
+import numpy as np
+
+from ..batching.base import summaries_for
 from ..batching.deal import DealtOrder, Posted, round_needs
 from ..errors import ConfigError, ProtocolError
 from ..protocol import machine
@@ -61,7 +64,7 @@ def table_headers(rows: "Headers | Sequence[Header]", length: int) -> "dict[str,
     """The table's view of the gathered headers: the payload (``st``, ``n``) and the shape; `Headers` as
     columns (`odb.protocol.machine.collective_inputs` reads either), decoded headers one mapping each."""
     if isinstance(rows, Headers):  # a 2-D array: every row has the layout's length
-        return {"st": rows.values("st"), "n": rows.values("n"), "shape": [length] * len(rows)}
+        return {"st": rows.column("st"), "n": rows.column("n"), "shape": [length] * len(rows)}
     return [{"st": h.st, "n": h.n, "shape": length} for h in rows]
 
 
@@ -123,6 +126,7 @@ class Replicated:
         if len(aheads) != world_size:
             raise ValueError(f"{len(aheads)} prefetch values for {world_size} ranks")
         self.shared, self.world_size, self.aheads = shared, int(world_size), tuple(int(a) for a in aheads)
+        self._aheads = np.array(self.aheads, dtype=np.int64)  # what `round_needs` reads every round
         self.policy, self.order, self.epoch, self.table = policy, order, int(epoch), table
         self.cfg = {"W": shared.window, "mode": MODES[shared.mode], "header_len": shared.header_len}
         self.round = 0            # the index of the next collective
@@ -138,13 +142,14 @@ class Replicated:
             raise ProtocolError(f"round {self.round}: {len(rows)} headers for {self.world_size} ranks")
         self._agree(rows)
         headers = table_headers(rows, self.shared.header_len)
-        summaries = rows.summaries  # tuples, kept: the policy's memo compares them by identity
+        summaries = summaries_for(self.policy, rows)  # kept by rows: the policy's memo compares them by identity
         proposal, inputs = _decide(self.table, self.cfg, headers, summaries, self.policy, self.round,
                                    self.shared.lanes)
         target = round_target(self.table, inputs, self.cfg)
         if self.order is not None and not self.order.done:
-            need = round_needs(self.shared.window, target, Posted(rows.column("n"), rows.intake), self.aheads)
-            self.order.deal(rows.values("taken"), rows.values("cost"), rows.values("dry"), rows.values("reserve"),
+            need = round_needs(self.shared.window, target, Posted(rows.column("n"), rows.intake), self._aheads,
+                               as_array=True)
+            self.order.deal(rows.column("taken"), rows.column("cost"), rows.column("dry"), rows.column("reserve"),
                             need=need)
         self.round += 1
         self.last = (target, proposal)
@@ -152,6 +157,10 @@ class Replicated:
 
     def _agree(self, rows: Headers) -> None:
         rnd = self.round
+        at = rows.layout.agreed  # the round's index, then the REPLICATED fields' columns
+        a = rows.array
+        if (a[:, at[0]] == rnd).all() and (a[:, at[1:]] == a[0, at[1:]]).all():
+            return  # the common case in one pass; otherwise name the field and the ranks below
         rounds = rows.column("round")
         if (rounds != rnd).any():  # every rank sees the same headers, so every rank raises this
             raise ProtocolError(f"collective mismatch in round {rnd}: ranks posted rounds {rounds.tolist()}")

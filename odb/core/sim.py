@@ -70,6 +70,7 @@ class _Timed:
     def __init__(self, inner: AlignmentPolicy):
         self._inner, self.seconds = inner, 0.0
         self.summary_len = inner.summary_len
+        self.summary_arrays = getattr(inner, "summary_arrays", False) is True  # the summaries as the policy reads them
         groups = getattr(inner, "groups", None)
         if groups is not None:
             self.groups = groups
@@ -89,6 +90,19 @@ class _Timed:
 
     def partition(self, window, target, real, cost, *, summaries=None):
         return self._timed(call_partition, self._inner, window, target, real, cost, summaries)
+
+
+class _TimedReplicated(Replicated):
+    """The replicated decision, with the seconds spent in it added up (`replay_rank`'s ``replicated_s``)."""
+
+    seconds = 0.0
+
+    def decide(self, rows):
+        t0 = time.perf_counter()
+        try:
+            return super().decide(rows)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 class _ListSource:
@@ -154,8 +168,8 @@ class _Setting:
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
 
-    def core(self, r: int, shard: Sequence, oversize: str,
-             lane: int | None = 0) -> tuple[RankCore, _Timed, DealtOrder | None]:
+    def core(self, r: int, shard: Sequence, oversize: str, lane: int | None = 0,
+             replica: type = Replicated) -> tuple[RankCore, _Timed, DealtOrder | None]:
         """Rank r's core; pooled (``lanes`` > 1): pool r's one core (`lane` None), or lane `lane` of pool
         ``r div lanes``, rank r (a replica, as the runtime runs it)."""
         pol, order = _Timed(self._spare.pop() if self._spare else self.policy()), None
@@ -167,7 +181,7 @@ class _Setting:
             src = _DealtSource(order, self.deal)
         else:
             src = _ListSource(shard)
-        rep = Replicated(self.shared, world_size=self.pools, aheads=self.aheads, policy=pol, order=order, epoch=0)
+        rep = replica(self.shared, world_size=self.pools, aheads=self.aheads, policy=pol, order=order, epoch=0)
         core = RankCore(rank=r, world_size=self.n, mode=MODES[self.mode], policy=pol, cost=self.cost, replica=rep,
                         layout=self.layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[self.loss_basis],
                         stats=LoaderStats(), template=lambda: None, lane=lane, traced=False)
@@ -249,9 +263,11 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
     this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
     vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
-    process): per round ``{"decode_s", "collect_s", "policy_s", "local_s"}``: decoding the N headers,
-    the WAIT row on them (the replicated decision and the deal), the policy's part of this round
-    (summarize, propose, partition), and the EMIT/FILL rows before the post.  Raises ProtocolError if
+    process): per round ``{"decode_s", "collect_s", "policy_s", "local_s", "replicated_s"}``: decoding the
+    N headers, the WAIT row on them (the replicated decision and the deal, this rank's partition of its
+    window and the release of the last round's batches), the policy's part of this round (summarize,
+    propose, partition), the EMIT/FILL rows before the post, and the replicated decision alone
+    (`Replicated.decide`, inside the WAIT row: what reads the N headers).  Raises ProtocolError if
     this rank posts other than the recorded post (the replay is not the recorded run); a recorded post
     with counts None has its header checked only.  ``pool_size`` G > 1: the rank is lane ``rank mod G``
     of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it."""
@@ -261,11 +277,12 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     # one replica alone, as the runtime's (no deal shared with other replicas: `DealtOrder`'s shared_deals None)
     setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, share_deals=False,
                        lanes=pool_size)
-    core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size)
+    core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size, replica=_TimedReplicated)
+    rep = core.replica
     ok = lambda: 0  # noqa: E731
     out = []
     for k, (mine, g) in enumerate(rounds):
-        before, t0 = pol.seconds, time.perf_counter()
+        before, before_rep, t0 = pol.seconds, rep.seconds, time.perf_counter()
         post = None
         while not core.waiting and not core.done:
             o = core.step(ok)
@@ -281,7 +298,8 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
         err = o.local_error or o.replicated_error or o.abort_error
         if err is not None:
             raise err
-        out.append({"decode_s": t2 - t1, "collect_s": t3 - t2, "policy_s": pol.seconds - before, "local_s": t1 - t0})
+        out.append({"decode_s": t2 - t1, "collect_s": t3 - t2, "policy_s": pol.seconds - before, "local_s": t1 - t0,
+                    "replicated_s": rep.seconds - before_rep})
     return out
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from ..errors import ProtocolError
-from .expr import Expr, Hdr, Scope, evaluate, leaves
+from .expr import Cfg, Const, Expr, Hdr, Op, Scope, evaluate, leaves
 from .table import Aggregate, Choice, Row, Table
 
 __all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",
@@ -199,6 +201,88 @@ def _aggregate(agg: Aggregate, distinct: list[dict], cfg: Mapping) -> int:
     return max(vals) if agg.op == "max" else min(vals)
 
 
+# Column values at most this large in magnitude are evaluated as int64 arrays (`_columns`): every sum the
+# table's aggregates take of two of them (or of one and a constant) is then exact, as the interpreter's ints are.
+_COLUMN_LIMIT = 1 << 40
+
+_ARRAY_OPS: dict[str, Callable] = {
+    "+": np.add, "-": np.subtract, "min": np.minimum, "max": np.maximum, "==": np.equal, "!=": np.not_equal,
+    "<=": np.less_equal, "<": np.less, ">=": np.greater_equal, ">": np.greater,
+    "and": np.logical_and, "or": np.logical_or,  # the interpreter's bool(x) and bool(y): a value's truth, per rank
+}
+_ARRAY_FNS: dict[int, tuple[Expr, Callable | None]] = {}
+
+
+def _array_fn(e: Expr) -> Callable | None:
+    """`e` as a function of ``(columns, cfg)`` evaluating every rank's header at once with numpy's elementwise
+    operations (the interpreter's operators one for one; ``ite`` as `numpy.where`: the branches are pure), or
+    None if `e` holds a node other than a constant, a header field, a setting or one of those operators.
+    Cached per node, as `expr.compiled`."""
+    hit = _ARRAY_FNS.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    fn = _array_compile(e)
+    _ARRAY_FNS[id(e)] = (e, fn)
+    return fn
+
+
+def _array_compile(e: Expr) -> Callable | None:
+    if isinstance(e, Const):
+        v = e.value
+        return lambda c, cfg: v
+    if isinstance(e, Hdr):
+        name = e.name
+        return lambda c, cfg: c[name]
+    if isinstance(e, Cfg):
+        name = e.name
+        return lambda c, cfg: cfg[name]
+    if not isinstance(e, Op):
+        return None
+    args = [_array_compile(x) for x in e.args]
+    if None in args:
+        return None
+    if e.op == "ite":
+        x, t, f = args
+        return lambda c, cfg: np.where(x(c, cfg), t(c, cfg), f(c, cfg))
+    if e.op == "not":
+        x = args[0]
+        return lambda c, cfg: np.logical_not(x(c, cfg))
+    fn = _ARRAY_OPS.get(e.op)
+    if fn is None or len(args) != 2:
+        return None
+    x, y = args
+    return lambda c, cfg: fn(x(c, cfg), y(c, cfg))
+
+
+def _columns(headers: Mapping[str, Sequence], names: tuple[str, ...]) -> dict | None:
+    """The columns `names` of `headers` as int arrays, if each is one within `_COLUMN_LIMIT`; else None."""
+    cols = {}
+    for k in names:
+        col = headers[k]  # KeyError on a missing field, as the interpreter
+        if not (isinstance(col, np.ndarray) and col.dtype.kind in "iu" and col.ndim == 1 and len(col)):
+            return None
+        if int(col.max()) > _COLUMN_LIMIT or int(col.min()) < -_COLUMN_LIMIT:  # (abs of int64's least wraps)
+            return None
+        cols[k] = col
+    return cols
+
+
+def _array_inputs(table: Table, headers: Mapping[str, Sequence], names: tuple[str, ...], cfg: Mapping) -> dict | None:
+    """Every aggregate of `table` over the header columns at once (`_array_fn`), or None where some column
+    is not an int array within `_COLUMN_LIMIT` or some aggregate has no array form (the interpreter then
+    evaluates them)."""
+    cols = _columns(headers, names)
+    fns = [_array_fn(a.of) for a in table.aggregates]
+    if cols is None or None in fns:
+        return None
+    out = {}
+    for a, fn in zip(table.aggregates, fns):
+        v = np.asarray(fn(cols, cfg))
+        r = v.max() if a.op == "max" else v.min()
+        out[a.name] = bool(r) if v.dtype == bool else int(r)
+    return out
+
+
 def collective_inputs(table: Table, headers: "list[Mapping] | Mapping[str, Sequence]", proposal: int,
                       cfg: Mapping) -> dict:
     """The collective inputs every rank reads at its ``collect`` row.
@@ -212,8 +296,12 @@ def collective_inputs(table: Table, headers: "list[Mapping] | Mapping[str, Seque
     if len(shapes) > 1:
         raise ProtocolError(f"collective mismatch: posted header shapes differ across ranks: {sorted(shapes)}")
     names = tuple(sorted({k for a in table.aggregates for k in _hdr_names(a.of)}))
-    distinct = _distinct(headers, names)  # one pass over the N headers for every aggregate
-    out = {a.name: _aggregate(a, distinct, cfg) for a in table.aggregates}
+    out = _array_inputs(table, headers, names, cfg) if isinstance(headers, Mapping) else None
+    if out is None:
+        if isinstance(headers, Mapping):  # the interpreter reads ints, not numpy scalars
+            headers = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in headers.items()}
+        distinct = _distinct(headers, names)  # one pass over the N headers for every aggregate
+        out = {a.name: _aggregate(a, distinct, cfg) for a in table.aggregates}
     out["proposal"] = int(proposal)
     out["ready"] = True
     return out
