@@ -23,8 +23,11 @@ Per round it reports (ms): ``policy`` (summarize + propose + partition: the alig
 ``collect`` (the WAIT row on the gathered headers: the replicated checks, the policy's propose and
 partition, the deal), ``decode`` (the N headers as the transport hands them, an int64 array, into
 `odb.core.header.Headers`), ``decision`` (``decode + collect``: all a rank computes between the
-collective's return and its batches), ``local`` (the EMIT/FILL rows before the post: per-sample work,
-counted in the loader's CPU per sample).  Each part also gives each round's median over the passes
+collective's return and its batches), ``replicated`` (``decode`` and `odb.core.replica.Replicated.decide`:
+what reads the N headers, the part that grows with N; the rest of ``decision`` is this rank's own window:
+its partition, the partition's contract check and the release of the last round's batches, the same work at
+any N), ``local`` (the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per
+sample).  Each part also gives each round's median over the passes
 (``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N;
 the loss counts are reduced, not gathered (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
 """
@@ -56,7 +59,7 @@ __all__ = ["record", "replay", "as_rank_sees", "decision_at_scale", "TARGETS"]
 # The issue's targets for one rank's decision per round at N = 1024, W = 1024 (ms), read two ways: the policy's
 # part, and the whole decision (``decision``: decoding the N headers and the WAIT row on them).
 TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0, "decision_median_ms": 1.0, "decision_p99_ms": 5.0}
-PARTS = ("policy", "collect", "decode", "decision", "local")
+PARTS = ("policy", "collect", "decode", "decision", "replicated", "local")
 
 
 class _Lengths(Sequence):
@@ -81,7 +84,8 @@ def _setting(a: dict):
 
 def record(a: dict, path: str) -> dict:
     """Simulate `a` (dist, world, window, budget, kind, per_rank, seed, rounds, pool_size; dealt sharding,
-    the default policy for the pool size) and save, for the first ``a["rounds"]`` rounds, what rank
+    the default policy for the pool size) and save, for the first ``a["rounds"]`` rounds (None: the whole
+    epoch), what rank
     ``a["rank"]`` posted and what the collective returned (the N headers, the P pools' when pooled, and the
     reduced counts) to `path` (.npz)."""
     sizes, cost = _setting(a)
@@ -94,7 +98,7 @@ def record(a: dict, path: str) -> dict:
         for name, v in (("heads", g.rows), ("totals", g.totals), ("maxes", g.tokens_max),
                         ("mine_h", posts[mine].header), ("mine_c", posts[mine].counts)):
             keep[name].append(np.asarray(v, dtype=np.int64))
-        return len(keep["heads"]) >= a["rounds"]
+        return a["rounds"] is not None and len(keep["heads"]) >= a["rounds"]
 
     t0 = time.perf_counter()
     simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round,
@@ -160,7 +164,8 @@ def _parts(rows: list[dict], rounds: int) -> dict:
     """Median / p99 / max ms per part over the replayed rounds, and the same past each pass's first two
     rounds (they deal the first N x W positions; the rest deal what was consumed)."""
     out = {}
-    rows = [dict(r, decision_s=r["decode_s"] + r["collect_s"]) for r in rows]
+    rows = [dict(r, decision_s=r["decode_s"] + r["collect_s"], replicated_s=r["decode_s"] + r["replicated_s"])
+            for r in rows]
     later = [r for i, r in enumerate(rows) if i % rounds >= 2]
     for part in PARTS:
         xs = [1e3 * r[part + "_s"] for r in rows]
@@ -174,14 +179,16 @@ def _parts(rows: list[dict], rounds: int) -> dict:
 
 
 def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
-                      kind: str = "padded", per_rank: int = 2048, rounds: int = 6, passes: int = 16,
+                      kind: str = "padded", per_rank: int | None = None, rounds: int | None = None, passes: int = 16,
                       rank: int = 0, seed: int = 0, recorded: str | None = None, pool_size: int = 1) -> dict:
-    """Record `rounds` rounds of an N-rank simulation, replay them on one rank in a fresh process;
+    """Record `rounds` rounds (None: a whole epoch, end game and flush included) of an N-rank simulation with
+    `per_rank` samples per rank (None: 8 W, the issue's realistic epoch), replay them on one rank in a fresh process;
     median / p99 / max per part (ms) over rounds x passes, each replayed round's figures (``per_round``,
     pass-major), the same figures replayed after ``gc.freeze()`` (``gc_frozen``; module docstring), and the
     targets' verdicts (GC as it is).  ``recorded``: an .npz path to keep the recording at, or to
     reuse one already there (recording 1024 ranks takes minutes; the replay seconds).  ``pool_size``:
     pooled windows (module docstring), the window W per rank."""
+    per_rank = 8 * window if per_rank is None else per_rank
     a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
              rounds=rounds, passes=passes, rank=rank, pool_size=pool_size)
     with tempfile.TemporaryDirectory(prefix="odb_decision_") as tmp:
@@ -215,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", nargs=2, metavar=("ARGS_JSON", "POSTS_NPZ"), help="(internal) the replay process")
     ap.add_argument("--world", type=int, default=1024)
     ap.add_argument("--window", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=None, help="rounds recorded (default: the whole epoch)")
     ap.add_argument("--passes", type=int, default=16)
-    ap.add_argument("--per-rank", type=int, default=2048, help="samples per rank in the epoch")
+    ap.add_argument("--per-rank", type=int, default=None, help="samples per rank in the epoch (default: 8 W)")
     ap.add_argument("--pool-size", type=int, default=1, help="pooled windows of this many ranks (W per rank)")
     ap.add_argument("--recorded", default=None, help="keep (or reuse) the recording at this .npz path")
     args = ap.parse_args(argv)
