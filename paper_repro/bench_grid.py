@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 from odb.baselines import (PEERS, ReleasePolicy, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
                            memory_equivalent_batch_size, standard, step_lower_bound)
 from odb.batching import call_partition, default_policy, make_cost_model
@@ -206,18 +208,23 @@ def measure_release_package(python: str, dist: str, world: int, window: int, bud
 def decision_microbench(world: int = 64, window: int = 1024, reps: int = 50) -> dict:
     """Policy time for one round on one rank with a full `window`, for every distribution and
     cost kind: summarize + propose over `world` summaries + partition.  The summaries are those
-    of `world` different windows of the distribution (as in a real round); each rep times a
-    fresh policy (no memo carries over) on one of them.  Keys ``"<dist>/<cost>"``."""
+    of `world` different windows of the distribution (as in a real round), handed over as the runtime
+    hands them (`odb.batching.base.summaries_for`: one read-only int64 array to a policy that sets
+    ``summary_arrays``, rows otherwise); each rep times a fresh policy (no memo carries over) on one of
+    them.  Keys ``"<dist>/<cost>"``."""
     out = {}
     for dist in DISTRIBUTIONS:
         for kind in ("padded", "packed", "quadratic"):
             cost = make_cost_model(kind, 8192)
             wins = [sample_lengths(dist, window, seed=100 + r) for r in range(world)]
-            summaries = [default_policy().summarize(w, cost, False) for w in wins]
+            rows = [tuple(default_policy().summarize(w, cost, False)) for w in wins]
+            array = np.array(rows, dtype=np.int64)
+            array.flags.writeable = False
             times = []
             for rep in range(reps):
                 w = wins[rep % world]
                 pol = default_policy()
+                summaries = array if getattr(pol, "summary_arrays", False) is True else rows
                 t0 = time.perf_counter()
                 pol.summarize(w, cost, False)
                 t = pol.propose(summaries, window)
