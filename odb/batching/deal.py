@@ -226,10 +226,28 @@ class _Part(abc.Sequence):
         return iter(self.a.tolist())
 
 
-class _EndParts(abc.Sequence):
+class _Parts(abc.Sequence):
+    """A deal's parts, rank r's made when read (`_part`); a replica reads only its own."""
+
+    __slots__ = ()
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError(r)
+        return self._part(r)
+
+    def _part(self, r: int) -> Sequence[int]:
+        raise NotImplementedError
+
+
+class _EndParts(_Parts):
     """A large end game's parts (`Dealer._give_rest`): rank r's is the free positions at its picks, in order, as a
-    `_Part` (an empty list if it has none), made when read.  A replica reads only its own: one mask over the
-    picks.  Reading a second rank's (a simulation reads every rank's) sorts the picks by rank once."""
+    `_Part` (an empty list if it has none).  A replica reads only its own: one mask over the picks.  Reading a
+    second rank's (a simulation reads every rank's) sorts the picks by rank once."""
 
     __slots__ = ("free", "picks", "counts", "_first", "_by_rank", "_starts")
 
@@ -242,13 +260,7 @@ class _EndParts(abc.Sequence):
     def __len__(self) -> int:
         return len(self.counts)
 
-    def __getitem__(self, r):
-        if isinstance(r, slice):
-            return [self[i] for i in range(*r.indices(len(self)))]
-        if r < 0:
-            r += len(self)
-        if not 0 <= r < len(self):
-            raise IndexError(r)
+    def _part(self, r: int) -> Sequence[int]:
         c = int(self.counts[r])
         if not c:
             return []
@@ -264,9 +276,9 @@ class _EndParts(abc.Sequence):
         return _Part(self._by_rank[a:a + c])
 
 
-class _TopUp(abc.Sequence):
+class _TopUp(_Parts):
     """A top-up deal's parts (`Dealer._top_up`): rank r's is ``range(starts[r], ends[r])`` unless it is
-    closed (an empty list), made when read."""
+    closed (an empty list)."""
 
     __slots__ = ("starts", "ends", "closed")
 
@@ -276,13 +288,7 @@ class _TopUp(abc.Sequence):
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, r):
-        if isinstance(r, slice):
-            return [self[i] for i in range(*r.indices(len(self)))]
-        if r < 0:
-            r += len(self)
-        if not 0 <= r < len(self):
-            raise IndexError(r)
+    def _part(self, r: int) -> Sequence[int]:
         return [] if self.closed[r] else range(int(self.starts[r]), int(self.ends[r]))
 
 
