@@ -56,8 +56,12 @@ def _weights(window: Sequence[Sizes], cost: CostModel) -> list[float]:
 
 def order_longest_first(window: Sequence[Sizes], cost: CostModel) -> list[int]:
     """Window positions by single-sample cost, largest first, ties by position."""
-    w = _weights(window, cost)
-    return sorted(range(len(window)), key=lambda p: (-w[p], p))
+    return _longest_first(_weights(window, cost))
+
+
+def _longest_first(vals: list[float]) -> list[int]:
+    """Positions by `vals`, largest first; a stable sort keeps ties in position order, also with reverse=True."""
+    return sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
 
 
 def pack(window: Sequence[Sizes], cost: CostModel, moments: list | None = None) -> list[Group]:
@@ -71,8 +75,7 @@ def pack(window: Sequence[Sizes], cost: CostModel, moments: list | None = None) 
     if not window:
         return []
     vals = _weights(window, cost)  # once: ordering and packing read the same single-sample costs
-    # = order_longest_first: a stable sort keeps ties in position order, also with reverse=True
-    order = sorted(range(len(window)), key=vals.__getitem__, reverse=True)
+    order = _longest_first(vals)
     if isinstance(cost, BudgetCost) and len(cost.resources) == 1:
         r = cost.resources[0]
         if r.kind == "padded":
