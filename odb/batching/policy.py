@@ -220,7 +220,7 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
 class _Round(NamedTuple):
     """`BalancedPolicy`'s memo of the last summaries (pure caches of them)."""
 
-    key: object                 # the summaries as given: an array (compared by identity, then by value) or rows
+    key: object                 # the summaries as given: an array (compared by identity only) or rows (by value)
     live: "np.ndarray"          # those of the ranks with data, a row each
     slots: tuple                # their `over_slots`
     profile: list               # [target, `_profile` at it]: the longest profile computed (`_profile_of`)

@@ -222,6 +222,8 @@ def _array_fn(e: Expr) -> Callable | None:
     if hit is not None and hit[0] is e:
         return hit[1]
     fn = _array_compile(e)
+    if len(_ARRAY_FNS) > 200_000:  # bound the cache when many throwaway expressions are built
+        _ARRAY_FNS.clear()
     _ARRAY_FNS[id(e)] = (e, fn)
     return fn
 
@@ -259,7 +261,8 @@ def _columns(headers: Mapping[str, Sequence], names: tuple[str, ...]) -> dict | 
     cols = {}
     for k in names:
         col = headers[k]  # KeyError on a missing field, as the interpreter
-        if not (isinstance(col, np.ndarray) and col.dtype.kind in "iu" and col.ndim == 1 and len(col)):
+        # signed ints only: an unsigned column's difference would wrap below zero
+        if not (isinstance(col, np.ndarray) and col.dtype.kind == "i" and col.ndim == 1 and len(col)):
             return None
         if int(col.max()) > _COLUMN_LIMIT or int(col.min()) < -_COLUMN_LIMIT:  # (abs of int64's least wraps)
             return None
