@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odb.batching.deal import COST_SCALE, Dealer, fill_order, heap_order
+from odb.batching.deal import COST_SCALE, Dealer, fill_order, heap_order, level_order
 
 dealers = st.tuples(st.integers(0, 120), st.integers(1, 5), st.integers(1, 12))  # total, world, lead
 
@@ -311,13 +311,118 @@ def test_the_sort_decides_a_large_end_game_and_the_heap_only_where_it_cannot():
     assert fill_order(start, list(range(64)), 0.0, 5 * _FAST_LEFT) == [0] * (5 * _FAST_LEFT)
 
 
+def _heap_parts(start, mu, left):
+    """Each entry's places in `heap_order`'s pick sequence (the rule as written)."""
+    out = [[] for _ in start]
+    for i, r in enumerate(heap_order(start, list(range(len(start))), mu, left)):
+        out[r].append(i)
+    return out
+
+
+def _dealt_starts(data, n, mu):
+    """End-game estimates as the dealer forms them: summed int costs plus ``pend * mu``."""
+    cost = data.draw(st.lists(st.integers(0, 10 ** 9), min_size=n, max_size=n))
+    pend = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    return [c + p * mu for c, p in zip(cost, pend)]
+
+
+level_starts = st.one_of(
+    starts,
+    st.tuples(st.lists(st.floats(0, 1e7, allow_nan=False), min_size=1, max_size=12),     # near ties: j mu apart,
+              st.lists(st.integers(0, 3), min_size=36, max_size=36),                        # and a few ulps more
+              st.lists(st.sampled_from([0.0, 1e-9, 1e-12, -1e-12]), min_size=36, max_size=36)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=level_starts, mu=st.sampled_from([1.0, 0.1, 3.7, 1e6 / 3, 250.0, 4.9e4]), left=st.integers(1, 3000),
+       data=st.data())
+def test_the_levels_give_each_rank_the_heaps_picks_wherever_they_answer(start, mu, left, data):
+    """`level_order` against `heap_order`: where it answers, every entry's count and its places in the pick
+    sequence are the heap's; near ties (starts ``j mu`` apart, give or take a few ulps), equal starts and
+    steps that round away included.  Where it cannot be sure it answers None (the sort decides)."""
+    if isinstance(start, tuple):
+        base, j, eps = start
+        n = len(base) + data.draw(st.integers(0, 24))
+        start = [base[i % len(base)] * (1 + eps[i]) + j[i] * mu for i in range(n)]
+    elif data.draw(st.booleans()):
+        start = _dealt_starts(data, len(start), mu)
+    lv = level_order(start, mu, left)
+    if lv is None:
+        return
+    want = _heap_parts(start, mu, left)
+    assert lv.counts.tolist() == list(map(len, want))
+    for i in range(len(start)):
+        assert lv.picks_of(i).tolist() == want[i]
+
+
+def test_the_levels_answer_a_realistic_end_game_and_refuse_what_they_cannot_order():
+    """The levels decide the end games the dealer meets at scale (spread estimates), so the sort is not what
+    runs; they refuse distinct starts whose phases meet (a start ``mu`` above another, or a few ulps off it)
+    and a step that rounds away (the heap then keeps picking one rank)."""
+    import random
+
+    rng = random.Random(5)
+    for n in (2, 64, 1024):
+        mu = 1e6 / 7
+        start = [rng.randrange(10 ** 9) + rng.randrange(30) * mu for _ in range(n)]
+        assert level_order(start, mu, 200 * n) is not None, n
+    x, mu = 123456789.0, 5e4
+    assert level_order([x, x + mu, 7e6], mu, 5000) is None
+    assert level_order([x, (x + mu) * (1 + 2 ** -50), 7e6], mu, 5000) is None
+    assert level_order([x, x, 7e6 + 1.0], mu, 5000) is not None            # equal starts: ties by rank
+    assert level_order([1e15, 1e15 + 1, 2e15], 0.1, 5000) is None          # 0.1 rounds away at 1e15
+    assert level_order([1e15] * 3, 0.1, 5000) is None                       # one start: only the wrap is < mu
+    big = [1e15 + 1000.0 * k for k in range(10)]
+    assert level_order(big, 0.1, 5000) is None
+    assert level_order(big, 5e6 + 0.5, 5000) is not None
+
+
+def test_a_large_end_game_from_the_levels_deals_what_the_heap_deals_and_checks_itself_against_the_sort(monkeypatch):
+    """At 64 ranks with measured costs the dealer's end game comes from `level_order`: a replica reads its part
+    from the levels, and the parts are the heap's.  Reading a second rank's part sorts the picks and compares
+    the first part with the sort's: levels that gave a wrong part are caught there (AssertionError)."""
+    import random
+
+    from odb.batching import deal
+    from odb.batching.deal import _FAST_LEFT, _EndParts
+
+    rng = random.Random(3)
+    world, total, lead = 64, 80 * _FAST_LEFT // 8, 16
+    d = Dealer(total, world, lead)
+    d.start()
+    taken = [lead - r % 3 for r in range(world)]  # some dealt positions not taken yet: pending
+    cost = [rng.randrange(COST_SCALE // 10, 4 * COST_SCALE) * t for t in taken]
+    state = d.state_dict()
+    mu = sum(cost) / sum(taken)
+    free = d.undealt()
+    want = _heap_parts([c + (r % 3) * mu for r, c in enumerate(cost)], mu, len(free))  # the rule, in Python floats
+    parts = d.deal_parts(taken, cost, need=[total] * world)
+    assert isinstance(parts, _EndParts) and parts.levels is not None and len(free) >= _FAST_LEFT
+    for r in (5, 0, 63, 5):
+        assert list(parts[r]) == [free[i] for i in want[r]]
+    assert [list(p) for p in parts] == [[free[i] for i in w] for w in want]
+
+    d.load_state_dict(state)
+    real = deal.Levels.picks_of
+    monkeypatch.setattr(deal.Levels, "picks_of", lambda self, i: real(self, i) + (i == 7))  # rank 7's, one off
+    parts = d.deal_parts(taken, cost, need=[total] * world)
+    assert list(parts[7]) != [free[i] for i in want[7]]
+    with pytest.raises(AssertionError, match="different parts"):
+        parts[8]
+
+
 @settings(max_examples=80, deadline=None)
 @given(total=st.integers(0, 300), world=st.integers(1, 7), data=st.data())
 def test_the_undealt_positions_as_an_array_are_the_undealt_positions(total, world, data):
+    import numpy as np
+
     d = Dealer(total, world, 1)
     d.cursor = data.draw(st.integers(0, total))
     d.reserve = [data.draw(st.integers(0, (total - r + world - 1) // world if total > r else 0)) for r in range(world)]
     assert d.undealt_array().tolist() == d.undealt()
+    free = d._undealt()  # read at some indices, as a replica reads its end-game part
+    at = sorted(set(data.draw(st.lists(st.integers(0, max(len(free) - 1, 0)), max_size=20)))) if len(free) else []
+    assert free.at(np.asarray(at, dtype=np.int64)).tolist() == [d.undealt()[i] for i in at]
 
 
 @settings(max_examples=200, deadline=None)

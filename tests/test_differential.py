@@ -81,27 +81,33 @@ BIG = make_lengths(6500, seed=7, lo=2, hi=60)  # 2 ranks, W = 2,048: an end game
 
 @pytest.mark.slow
 def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simulated(tmp_path, monkeypatch):
-    """The dealer's end game past `_FAST_LEFT` positions (`fill_order`, parts as int arrays) in the runtime:
-    the loader's batches on 2 gloo ranks are the simulation's, which took that path, and every sample is
-    emitted once."""
+    """The dealer's end game past `_FAST_LEFT` positions (`level_order`, parts as int arrays) in the runtime:
+    the loader's batches on 2 gloo ranks are the simulation's, which took that path and compared it with the
+    sort (`fill_order`) when it read the second rank's part, and every sample is emitted once."""
     import numpy as np
 
     from odb.batching import deal
 
-    sorted_picks = []
-    real = deal.fill_order
+    sorted_picks, levels = [], []
+    real, real_levels = deal.fill_order, deal.level_order
 
     def spy(*a, **k):
         got = real(*a, **k)
         sorted_picks.append(len(got) if isinstance(got, np.ndarray) else 0)
         return got
 
+    def spy_levels(*a):
+        got = real_levels(*a)
+        levels.append(0 if got is None else got.left)
+        return got
+
     monkeypatch.setattr(deal, "fill_order", spy)
+    monkeypatch.setattr(deal, "level_order", spy_levels)
     order = shard_order(len(BIG), 0, 1, True, 5, 0)
     sim = simulate([[] for _ in range(2)], make_cost_model("padded", BUDGET), window=2048, mode="pad",
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
-    assert max(sorted_picks) >= deal._FAST_LEFT
+    assert max(sorted_picks) >= deal._FAST_LEFT and max(levels) >= deal._FAST_LEFT
     spec = {"sharding": "dealt", "mode": "pad", "W": 2048, "lengths": BIG, "drop": ()}
     res = run_ranks(_loader_batches, 2, tmp_path, args=(spec,), timeout_s=120)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]

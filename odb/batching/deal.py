@@ -17,7 +17,8 @@ The rule, a function of gathered numbers only (every replica deals alike; `Deale
   so it never reads past what it was dealt unless it drops samples (None, empty, skipped oversize);
 * otherwise (the end game) everything left is dealt at once, one position at a time to the rank with
   the lowest ``est_r`` (ties: the lower rank), which then grows by ``mu``, so the ranks' expected totals
-  end level (`heap_order`; computed, with the same picks, as one sort when large: `fill_order`);
+  end level (`heap_order`; computed, with the same picks, when large: in closed form where that provably
+  gives them, `level_order`, else as one sort, `fill_order`);
 * a rank that reads past its dealt keys (drops; a policy over its bound) takes the next position of
   its own class from the end of the order, while it lies at or past the dealer's cursor (nobody was
   dealt it; classes are disjoint), and reports it in ``reserve_r``; every replica then skips it.  A
@@ -47,7 +48,8 @@ from .cost import BudgetCost
 from .grouping import Group
 
 __all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
-           "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order"]
+           "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order", "level_order",
+           "Levels"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
@@ -208,6 +210,82 @@ def fill_order(start: Sequence[float], ranks: Sequence[int], mu: float, left: in
     return heap_order(start, ranks, mu, left)
 
 
+class Levels:
+    """The end game's picks in closed form (`level_order`), where they provably are `heap_order`'s.
+
+    With the start estimates written ``s_r = s_0 + a_r mu + ph_r`` (``s_0`` the least, ``a_r`` a whole number of
+    steps, ``0 <= ph_r < mu`` the phase), rank r's k-th estimate lies on level ``a_r + k``, and the picks run level
+    by level, each level's ranks in the order ``(ph_r, r)``.  ``counts`` (per entry of ``start``) and `picks_of`
+    (the indices into the pick sequence of one entry's picks, ascending) read that order without building it:
+    O(N log N) for the levels and the counts, O(N + c) for one rank's picks, where the sort takes O(left log N)."""
+
+    __slots__ = ("a", "order", "where", "sorted_a", "pre", "counts", "left")
+
+    def __init__(self, a: "np.ndarray", order: "np.ndarray", level: int, left: int, sorted_a: "np.ndarray",
+                 pre: "np.ndarray"):
+        self.a, self.order, self.left, self.sorted_a, self.pre = a, order, left, sorted_a, pre
+        self.where = np.empty(len(a), np.int64)
+        self.where[order] = np.arange(len(a))                    # each entry's place in the (ph, r) order
+        counts = np.maximum(level - a, 0)                        # whole levels below the last one
+        at = order[a[order] <= level]                            # the last level's ranks, in (ph, r) order
+        counts[at[:left - self._below(level)]] += 1
+        self.counts = counts
+
+    def _below(self, level):
+        """Picks on the levels below `level` (an int or an int array): ``sum_r max(0, level - a_r)``."""
+        c = np.searchsorted(self.sorted_a, level, "left")
+        return c * level - self.pre[c]
+
+    def picks_of(self, i: int) -> "np.ndarray":
+        """The places of entry i's picks in the pick sequence, ascending (its k-th on level ``a_i + k``, after the
+        levels below and the ranks before it in ``(ph, r)`` order on its own level)."""
+        levels = self.a[i] + np.arange(int(self.counts[i]), dtype=np.int64)
+        before = np.sort(self.a[self.order[:self.where[i]]])
+        return self._below(levels) + np.searchsorted(before, levels, "right")
+
+
+_U = 2.0 ** -53  # the unit roundoff of a float64 addition or product (round to nearest)
+
+
+def level_order(start: Sequence[float], mu: float, left: int) -> "Levels | None":
+    """`heap_order`'s picks as `Levels`, for ranks in ascending order, or None where the levels cannot be
+    trusted (then the sort or the heap decides).
+
+    The heap compares float estimates ``v_rk``, each ``v_r(k-1) + mu`` rounded, so ``|v_rk - (s_r + k mu)|
+    <= k u V`` (u the unit roundoff; V bounds every estimate compared, up to the level after the last pick).  Two
+    ranks with the same start have the same floats: the heap breaks their ties by rank, as the levels do.  Any two
+    other estimates lie at least the least gap between distinct phases (the wrap past ``mu`` included) apart, as
+    reals; the phases are computed within ``3 u V``.  So the levels' order is the floats' wherever each such gap
+    exceeds ``M = (4 K + 16) u V`` (K the most steps a rank takes), which is checked here: two distinct starts whose
+    phases come closer (a start ``j mu`` above another, say) return None, and so does a step ``mu <= M`` (the wrap
+    gap is at most ``mu``), where ``v + mu`` may round to ``v``."""
+    v0 = np.asarray(start, dtype=np.float64)
+    n = len(v0)
+    if n == 0 or left < 1 or not 0.0 < mu < math.inf or not np.isfinite(v0).all():
+        return None
+    s0 = v0.min()
+    x = v0 - s0
+    a = np.floor(x / mu)
+    ph = x - a * mu
+    if a.max() > 2 ** 52:
+        return None
+    a = a.astype(np.int64)
+    lo, hi = 0, left + 1  # the last level: the most L with sum_r max(0, L - a_r) <= left (a_r >= 0, one at 0)
+    sorted_a = np.sort(a)
+    pre = np.concatenate(([0], np.cumsum(sorted_a)))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        c = int(np.searchsorted(sorted_a, mid, "left"))
+        lo, hi = (mid, hi) if c * mid - int(pre[c]) <= left else (lo, mid)
+    steps = lo + 2                                   # a rank's estimates compared: up to the level after the last
+    bound = 2 * float(np.abs(v0).max()) + (steps + 2) * mu
+    gap = (4 * steps + 16) * _U * bound
+    q = np.unique(ph)                                # one phase per distinct start (equal starts: equal phases)
+    if len(np.unique(v0)) != len(q) or q[0] != 0.0 or q[0] + mu - q[-1] < gap or (np.diff(q) < gap).any():
+        return None
+    return Levels(a, np.argsort(ph, kind="stable"), lo, left, sorted_a, pre)
+
+
 class _Part(abc.Sequence):
     """One rank's part of an end-game deal: its positions as an int array, read as ints."""
 
@@ -244,16 +322,42 @@ class _Parts(abc.Sequence):
         raise NotImplementedError
 
 
+class _Free:
+    """The free positions of an end game, in order: ``start, start + 1, ..., start + head - 1``, then ``tail`` (an
+    int array); `at` reads some of them without making the rest (a replica reads its own few hundred)."""
+
+    __slots__ = ("start", "head", "tail")
+
+    def __init__(self, start: int, head: int, tail: "np.ndarray"):
+        self.start, self.head, self.tail = start, head, tail
+
+    def __len__(self) -> int:
+        return self.head + len(self.tail)
+
+    def at(self, i: "np.ndarray") -> "np.ndarray":
+        out = self.start + i
+        past = i >= self.head
+        if past.any():
+            out[past] = self.tail[i[past] - self.head]
+        return out
+
+    def array(self) -> "np.ndarray":
+        return np.concatenate([np.arange(self.start, self.start + self.head, dtype=np.int64), self.tail])
+
+
 class _EndParts(_Parts):
-    """A large end game's parts (`Dealer._give_rest`): rank r's is the free positions at its picks, in order, as a
-    `_Part` (an empty list if it has none).  A replica reads only its own: one mask over the picks.  Reading a
-    second rank's (a simulation reads every rank's) sorts the picks by rank once."""
+    """A large end game's parts (`Dealer._give_rest`, `Dealer._give_levels`): rank r's is the free positions at its
+    picks, in order, as a `_Part` (an empty list if it has none).  A replica reads only its own: from the `Levels`
+    where the dealer has them, else one mask over the picks.  Reading a second rank's (a simulation reads every
+    rank's) sorts the picks by rank once; then the first rank's part, if the levels made it, must be the sort's
+    (an AssertionError if not: the two would deal one position twice)."""
 
-    __slots__ = ("free", "picks", "counts", "_first", "_by_rank", "_starts")
+    __slots__ = ("free", "picks", "counts", "levels", "_first", "_by_rank", "_starts")
 
-    def __init__(self, free: "np.ndarray", picks: "np.ndarray", counts: "np.ndarray"):
-        self.free, self.picks, self.counts = free, picks, counts
-        self._first: int | None = None  # the first rank read
+    def __init__(self, free: _Free, picks: "np.ndarray | Callable[[], Sequence[int]]", counts: "np.ndarray",
+                 levels: "tuple[Levels, np.ndarray] | None" = None):
+        self.free, self.picks, self.counts, self.levels = free, picks, counts, levels
+        self._first: tuple | None = None  # the first rank read, and its part
         self._by_rank: "np.ndarray | None" = None
         self._starts: "np.ndarray | None" = None
 
@@ -264,16 +368,28 @@ class _EndParts(_Parts):
         c = int(self.counts[r])
         if not c:
             return []
-        if self._by_rank is None and self._first in (None, r):
-            self._first = r
-            return _Part(self.free[self.picks == r])
+        if self._first is None:
+            if self.levels is not None:
+                lv, live = self.levels
+                self._first = (r, self.free.at(lv.picks_of(int(np.searchsorted(live, r)))))
+            else:
+                self._first = (r, self.free.array()[self.picks == r])
+        if self._first[0] == r:
+            return _Part(self._first[1])
         if self._by_rank is None:  # each rank's positions, ascending: a stable sort keeps the pick order
+            if callable(self.picks):
+                self.picks = np.asarray(self.picks(), dtype=np.int64)
             w = len(self.counts)
             key = self.picks.astype(np.uint16 if w <= 1 << 16 else np.int64)
-            self._by_rank = self.free[np.argsort(key, kind="stable")]
+            self._by_rank = self.free.array()[np.argsort(key, kind="stable")]
             self._starts = np.cumsum(self.counts) - self.counts
+            if self._first is not None and not np.array_equal(self._slice(self._first[0]), self._first[1]):
+                raise AssertionError(f"the end game's levels and its sort give rank {self._first[0]} different parts")
+        return _Part(self._slice(r))
+
+    def _slice(self, r: int) -> "np.ndarray":
         a = int(self._starts[r])
-        return _Part(self._by_rank[a:a + c])
+        return self._by_rank[a:a + int(self.counts[r])]
 
 
 class _TopUp(_Parts):
@@ -345,13 +461,17 @@ class Dealer:
         return [p for p in range(self.cursor, self.total) if not self._reserved_at(p)]
 
     def undealt_array(self) -> "np.ndarray":
-        """`undealt` as an int64 array, without a Python step per position: reserve takes lie only in the
-        last ``N max(reserve)`` positions (class positions counted from the end)."""
+        """`undealt` as an int64 array, without a Python step per position (`_undealt`)."""
+        return self._undealt().array()
+
+    def _undealt(self) -> "_Free":
+        """`undealt` as a `_Free`: reserve takes lie only in the last ``N max(reserve)`` positions (class
+        positions counted from the end), so every position from the cursor to that tail is free."""
         w, t = self.world, self.total
         tail = max(self.cursor, t - w * int(self.reserve.max(initial=0)))
         k = t - 1 - np.arange(tail, t, dtype=np.int64)  # the tail's class offsets
         keep = k // w >= self.reserve[k % w]
-        return np.concatenate([np.arange(self.cursor, tail, dtype=np.int64), np.arange(tail, t, dtype=np.int64)[keep]])
+        return _Free(self.cursor, tail - self.cursor, np.arange(tail, t, dtype=np.int64)[keep])
 
     @property
     def done(self) -> bool:
@@ -422,6 +542,8 @@ class Dealer:
             k = int(top_a.sum())
             if left > k and self.cursor + k <= self._first_reserved():
                 return self._top_up(top_a)
+            if left <= k and left >= _FAST_LEFT:
+                return self._end_game(taken, _ints(cost), left)
         live = np.flatnonzero(~self.closed).tolist()
         out: list = [[] for _ in range(w)]
         pend = (self.dealt - taken).tolist()
@@ -435,8 +557,24 @@ class Dealer:
         n_taken = int(taken.sum())
         cost = [int(v) for v in cost]
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
-        picks = fill_order([cost[r] + pend[r] * mu for r in live], live, mu, left)
-        return self._give_rest(picks, out)
+        est = [cost[r] + pend[r] * mu for r in live]
+        levels = level_order(est, mu, left) if left >= _FAST_LEFT else None
+        if levels is not None:
+            return self._give_levels(levels, live, lambda: fill_order(est, live, mu, left))
+        return self._give_rest(fill_order(est, live, mu, left), out)
+
+    def _end_game(self, taken: "np.ndarray", cost: "np.ndarray", left: int) -> "_EndParts":
+        """`deal_parts`'s large end game from 64 ranks on, its estimates as array operations: the loop's
+        ``cost[r] + pend[r] * mu``, the same float operations element by element."""
+        live = np.flatnonzero(~self.closed)
+        n_taken = int(taken.sum())
+        mu = sum(cost.tolist()) / n_taken if n_taken else float(COST_SCALE)  # exact int sum, one rounding
+        est = cost[live].astype(np.float64) + (self.dealt - taken)[live].astype(np.float64) * mu
+        levels = level_order(est, mu, left)
+        live_l = live.tolist()
+        if levels is not None:
+            return self._give_levels(levels, live, lambda: fill_order(est.tolist(), live_l, mu, left))
+        return self._give_rest(fill_order(est.tolist(), live_l, mu, left), [[] for _ in range(self.world)])
 
     def _absorb(self, taken: Sequence[int], dry: Sequence[int], reserve: Sequence[int]) -> bool:
         """`deal_parts`'s per-rank checks and updates (the reserve takes given, the takes within what was
@@ -467,7 +605,7 @@ class Dealer:
             for r in picks:
                 out[r].append(self._give(r))
             return out
-        free = self.undealt_array()
+        free = self._undealt()
         if len(free) != len(picks):
             raise AssertionError(f"the end game picked {len(picks)} of {len(free)} free positions")
         rk = np.asarray(picks, dtype=np.int64)
@@ -475,6 +613,18 @@ class Dealer:
         self.dealt += counts
         self.cursor = self.total  # what the gives would leave: past the last free position and every reserved one
         return _EndParts(free, rk, counts)
+
+    def _give_levels(self, levels: Levels, live: Sequence[int], picks: Callable[[], Sequence[int]]) -> "_EndParts":
+        """`_give_rest` of the picks `levels` gives (`level_order`), each rank's part made when read; ``picks``
+        sorts them, for a second rank's read."""
+        counts = np.zeros(self.world, np.int64)
+        counts[live] = levels.counts
+        free = self._undealt()
+        if len(free) != levels.left or int(counts.sum()) != len(free):
+            raise AssertionError(f"the end game picked {int(counts.sum())} of {len(free)} free positions")
+        self.dealt += counts
+        self.cursor = self.total
+        return _EndParts(free, picks, counts, (levels, np.asarray(live, dtype=np.int64)))
 
     def _first_reserved(self) -> int:
         """The lowest position some rank took from its reserve (``total`` if none): every position
