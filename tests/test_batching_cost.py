@@ -83,3 +83,18 @@ def test_a_resource_costs_its_definition_when_some_samples_lack_it(batch, spec):
     want = {"padded": len(batch) * max(lens), "packed": sum(lens),
             "quadratic": sum(L + QUADRATIC_B * L * L for L in lens)}[spec]
     assert c.batch_cost(batch)[1] == pytest.approx(want, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(window=st.lists(st.lists(st.integers(0, 3000), max_size=3).map(tuple), min_size=1, max_size=30),
+       spec=st.sampled_from([("padded", 4000), ("packed", 6000), ("quadratic", 5000),
+                             ({"tokens": ("padded", 5000), "image_patches": ("packed", 2000)}, None)]),
+       data=st.data())
+def test_the_first_group_over_budget_is_the_one_fits_refuses_first(window, spec, data):
+    """`BudgetCost.first_over` (the partition check's pass over every group) finds what a loop of `fits` over the
+    groups finds: the first group of two or more samples over some budget, or None; samples that lack a
+    resource and lone samples over budget (allowed) included."""
+    cost = make_cost_model(*spec)
+    groups = data.draw(st.lists(st.lists(st.integers(0, len(window) - 1), max_size=6), max_size=8))
+    want = next((k for k, g in enumerate(groups) if len(g) > 1 and not cost.fits([window[p] for p in g])), None)
+    assert cost.first_over(groups, window) == want

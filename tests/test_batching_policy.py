@@ -465,6 +465,10 @@ def test_the_partition_check_refuses_a_group_over_budget():
     with pytest.raises(ValueError, match="exceeds the budget"):
         check_partition([[0, 1, 2]], 3, 1, window, cost)
     check_partition([[0]], 1, 1, [(5000,)], cost)  # a lone over-budget sample is a group of its own
+    padded = make_cost_model(lambda b: len(b) * max(s[0] for s in b), 1000)  # a callable: `fits` group by group
+    check_partition([[0, 2], [1]], 3, 2, window, padded)
+    with pytest.raises(ValueError, match="exceeds the budget"):
+        check_partition([[0, 1, 2]], 3, 1, window, padded)
 
 
 @settings(max_examples=60, deadline=None)

@@ -283,3 +283,18 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
     (a, ta), (b, tb) = run(core(True)), run(core(False))
     assert a == b and sum(len(r) for _, _, r in a) > 0
     assert any(t and "collective" in t for t in ta) and all(t is None for t in tb)
+
+
+def test_a_released_batchs_step_info_is_the_dataclass_built_as_usual():
+    """`step_info` (the release's fast build) gives what ``StepInfo(...)`` gives: equal, the same repr, frozen;
+    a field left out is refused."""
+    from odb.core.info import StepInfo, step_info
+
+    fields = dict(indices=(4, 9), filler=False, local_samples=2, global_samples=7, local_tokens=30, global_tokens=99,
+                  local_label_tokens=20, global_label_tokens=70, loss_scale=0.5, step=3, round=1, epoch=2)
+    fast, slow = step_info(**fields), StepInfo(**fields)
+    assert fast == slow and repr(fast) == repr(slow) and dataclasses.asdict(fast) == fields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.step = 4
+    with pytest.raises(TypeError, match="fields"):
+        step_info(**{k: v for k, v in fields.items() if k != "epoch"})

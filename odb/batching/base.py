@@ -157,6 +157,8 @@ def check_partition(groups: Sequence[Sequence[int]], n: int, real: int, window: 
                 if not 0 <= p < n or p in seen:
                     raise ValueError(f"partition position {p} is out of range or repeated (window of {n})")
                 seen.add(p)
-    for g in groups:
-        if len(g) > 1 and not cost.fits([window[p] for p in g]):
-            raise ValueError(f"partition group {list(g)} exceeds the budget")
+    over = getattr(cost, "first_over", None)  # a `BudgetCost`: every group in one pass per resource
+    k = over(groups, window) if over is not None else next(
+        (k for k, g in enumerate(groups) if len(g) > 1 and not cost.fits([window[p] for p in g])), None)
+    if k is not None:
+        raise ValueError(f"partition group {list(groups[k])} exceeds the budget")

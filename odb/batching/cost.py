@@ -62,19 +62,21 @@ class Resource:
             return self.a * L + self.b * L * L
         return L
 
-    def cost(self, batch: Sequence[Sizes]) -> float:
-        if not batch:
-            return 0.0
+    def figures(self, batch: Sequence[Sizes]) -> list:
+        """Each sample's figure, in order: its size of this resource (none if it lacks it); for quadratic, `item`."""
         i = self.index
         if self.kind != "quadratic":
             try:  # every sample carries this resource (the common case): one C-level pass
-                got = map(itemgetter(i), batch)
-                return len(batch) * max(got) if self.kind == "padded" else sum(got)
+                return list(map(itemgetter(i), batch))
             except IndexError:  # a sample without it has none of it
-                pass
-        if self.kind == "padded":
-            return len(batch) * max((s[i] if i < len(s) else 0) for s in batch)
-        return sum(self.item(s) for s in batch)
+                return [s[i] if i < len(s) else 0 for s in batch]
+        return list(map(self.item, batch))
+
+    def cost(self, batch: Sequence[Sizes]) -> float:
+        if not batch:
+            return 0.0
+        f = self.figures(batch)
+        return len(f) * max(f) if self.kind == "padded" else sum(f)
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,27 @@ class BudgetCost:
         return tuple(r.cost(batch) for r in self.resources)
 
     def fits(self, batch: Sequence[Sizes]) -> bool:
-        return all(r.cost(batch) <= r.budget for r in self.resources)
+        for r in self.resources:
+            if r.cost(batch) > r.budget:
+                return False
+        return True
 
     def utilisation(self, batch: Sequence[Sizes]) -> float:
         return max(r.cost(batch) / r.budget for r in self.resources)
+
+    def first_over(self, groups: Sequence[Sequence[int]], window: Sequence[Sizes]) -> int | None:
+        """The first of `groups` (positions into `window`) of two or more samples that `fits` refuses, or None:
+        what a loop over `fits` finds, each resource's per-sample figures read once (the same costs, summed in
+        the same order)."""
+        first = len(groups)
+        for r in self.resources:
+            get, agg, B = r.figures(window).__getitem__, max if r.kind == "padded" else sum, r.budget
+            for k in range(first):
+                g = groups[k]
+                if len(g) > 1 and (len(g) * agg(map(get, g)) if agg is max else agg(map(get, g))) > B:
+                    first = k
+                    break
+        return first if first < len(groups) else None
 
     def additive_lower_bound(self) -> bool:
         """True: the sum of single-sample costs never exceeds a batch's cost (used by the step lower bound)."""

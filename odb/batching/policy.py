@@ -446,7 +446,10 @@ class BalancedPolicy:
             return rank[:real]
         # per bucket: fewest padding tokens first (real tokens per unit of cost), then position
         by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
-        tok = [s[0] if s else 0 for s in window]
+        try:  # every sample has its tokens (the common case): one C-level pass
+            tok = list(map(itemgetter(0), window))
+        except IndexError:
+            tok = [s[0] if s else 0 for s in window]
         density = [sum(map(tok.__getitem__, g.positions)) / max(g.fill, 1e-12) for g in closed]
         for k in sorted(range(len(closed)), key=density.__getitem__, reverse=True):  # stable: ties by k
             by_bucket[bucket[k]].append(k)
