@@ -298,3 +298,5 @@ def test_a_released_batchs_step_info_is_the_dataclass_built_as_usual():
         fast.step = 4
     with pytest.raises(TypeError, match="fields"):
         step_info(**{k: v for k, v in fields.items() if k != "epoch"})
+    with pytest.raises(TypeError, match="fields"):  # as many fields, one misnamed
+        step_info(**{("epochs" if k == "epoch" else k): v for k, v in fields.items()})

@@ -108,10 +108,10 @@ class BudgetCost:
         the same order)."""
         first = len(groups)
         for r in self.resources:
-            get, agg, B = r.figures(window).__getitem__, max if r.kind == "padded" else sum, r.budget
+            get, padded, B = r.figures(window).__getitem__, r.kind == "padded", r.budget
             for k in range(first):
                 g = groups[k]
-                if len(g) > 1 and (len(g) * agg(map(get, g)) if agg is max else agg(map(get, g))) > B:
+                if len(g) > 1 and (len(g) * max(map(get, g)) if padded else sum(map(get, g))) > B:
                     first = k
                     break
         return first if first < len(groups) else None

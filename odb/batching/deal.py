@@ -542,7 +542,7 @@ class Dealer:
             k = int(top_a.sum())
             if left > k and self.cursor + k <= self._first_reserved():
                 return self._top_up(top_a)
-            if left <= k and left >= _FAST_LEFT:
+            if left <= k and left >= _FAST_LEFT:  # the end game, without the lists below
                 return self._end_game(taken, _ints(cost), left)
         live = np.flatnonzero(~self.closed).tolist()
         out: list = [[] for _ in range(w)]
@@ -554,18 +554,17 @@ class Dealer:
             for r in live:
                 out[r] = self._give_many(r, top[r], free_below)
             return out
+        if left >= _FAST_LEFT:
+            return self._end_game(taken, _ints(cost), left)
         n_taken = int(taken.sum())
         cost = [int(v) for v in cost]
         mu = sum(cost) / n_taken if n_taken else float(COST_SCALE)
-        est = [cost[r] + pend[r] * mu for r in live]
-        levels = level_order(est, mu, left) if left >= _FAST_LEFT else None
-        if levels is not None:
-            return self._give_levels(levels, live, lambda: fill_order(est, live, mu, left))
-        return self._give_rest(fill_order(est, live, mu, left), out)
+        return self._give_rest(heap_order([cost[r] + pend[r] * mu for r in live], live, mu, left), out)
 
     def _end_game(self, taken: "np.ndarray", cost: "np.ndarray", left: int) -> "_EndParts":
-        """`deal_parts`'s large end game from 64 ranks on, its estimates as array operations: the loop's
-        ``cost[r] + pend[r] * mu``, the same float operations element by element."""
+        """`deal_parts`'s end game past `_FAST_LEFT` positions, its estimates as array operations: the heap's
+        ``cost[r] + pend[r] * mu``, the same float operations element by element; the picks from `level_order`
+        where it answers, else from `fill_order`."""
         live = np.flatnonzero(~self.closed)
         n_taken = int(taken.sum())
         mu = sum(cost.tolist()) / n_taken if n_taken else float(COST_SCALE)  # exact int sum, one rounding

@@ -60,15 +60,15 @@ class StepInfo:
     epoch: int
 
 
-_FIELDS = len(StepInfo.__dataclass_fields__)
+_FIELDS = frozenset(StepInfo.__dataclass_fields__)
 
 
 def step_info(**fields: Any) -> StepInfo:
-    """``StepInfo(**fields)``, every field given by name, without the frozen dataclass's ``__init__``, which sets
-    each field through ``object.__setattr__`` (3.9 against 0.9 us, for each of a round's ~50 batches at
+    """``StepInfo(**fields)``, exactly its fields given by name, without the frozen dataclass's ``__init__``, which
+    sets each field through ``object.__setattr__`` (3.9 against 1.4 us, for each of a round's ~50 batches at
     N = 1,024).  The instance is the same: equal, immutable, its fields in its ``__dict__``."""
-    if len(fields) != _FIELDS:
-        raise TypeError(f"step_info needs StepInfo's {_FIELDS} fields, got {sorted(fields)}")
+    if fields.keys() != _FIELDS:
+        raise TypeError(f"step_info needs exactly StepInfo's fields {sorted(_FIELDS)}, got {sorted(fields)}")
     info = object.__new__(StepInfo)
     info.__dict__.update(fields)
     return info
