@@ -1,6 +1,7 @@
 """ODBDataLoader at world size 1 (no process group): contracts, bad input, resume, lifecycle."""
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -315,9 +316,66 @@ def test_the_runtime_default_collate_is_the_one_batching_pad_collate():
     assert out["input_ids"].dtype == torch.int64
 
 
-def test_dealt_sharding_on_one_rank_emits_every_sample_once_with_workers_and_resumes(tmp_path):
-    kw = dict(buffer_size=6, sharding="dealt", num_workers=2, trace_dir=str(tmp_path))
+@pytest.mark.parametrize("workers", [2, 0])  # 0: the direct path, whose keys the deal grows as the epoch runs
+def test_dealt_sharding_on_one_rank_emits_every_sample_once_with_workers_and_resumes(tmp_path, workers):
+    kw = dict(buffer_size=6, sharding="dealt", num_workers=workers, trace_dir=str(tmp_path))
     seen, second = resumed(lambda: odb.ODBDataLoader(Samples(LENGTHS, drop=[4]), 128, id_collate, **kw), 4)
     assert sorted(seen) == sorted(set(range(50)) - {4})
     assert_conformant(str(tmp_path), allow_abort=True)
     second.close()
+
+
+class _Flaky(torch.utils.data.Dataset):
+    """Samples of `LENGTHS`; None at index 3, an exception at index 5 (both reach the rank as values)."""
+
+    def __len__(self):
+        return len(LENGTHS)
+
+    def __getitem__(self, i):
+        if i == 3:
+            return None
+        if i == 5:
+            raise OSError("unreadable")
+        return {"input_ids": list(range(LENGTHS[i])), "labels": [-100] + list(range(1, LENGTHS[i]))}
+
+
+class _FlakyStream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(len(LENGTHS)):
+            yield _Flaky()[i] if i != 5 else {"input_ids": [1, 2]}
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_the_direct_path_yields_what_the_inner_dataloader_yields(iterable):
+    """No workers and no pinning: the rank's thread calls the wrapper itself (`source._direct`). The same
+    source through the DataLoader (pin_memory=True: on a CPU build it pins nothing) yields equal items."""
+    from odb.core.rank import Failure
+    from odb.runtime.source import Source
+
+    def items(pin):
+        src = Source(_FlakyStream() if iterable else _Flaky(), length_fn=None, num_workers=0, prefetch_factor=None,
+                     persistent_workers=False, multiprocessing_context=None, worker_init_fn=None, pin_memory=pin,
+                     shift_labels=True)
+        assert (src._loader is None) == (not pin)
+        keys = None if iterable else [(p, i) for p, i in enumerate(reversed(range(len(LENGTHS))))]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pin_memory without an accelerator
+            src.start(keys)
+            out = []
+            while (item := src.next()) is not None:
+                out.append(item)
+        return out, src.pulled
+
+    direct, through = items(False), items(True)
+    assert direct[1] == through[1] == len(LENGTHS)
+    for a, b in zip(direct[0], through[0], strict=True):
+        assert a[:3] == b[:3]
+        if isinstance(a[3], Failure):
+            assert isinstance(b[3], Failure) and a[3][:3] == b[3][:3]
+        else:
+            assert a[3] == b[3]
+    by_index = {it[1]: it for it in direct[0]}
+    assert by_index[3][2] is None and by_index[3][3] is None  # None: a drop, as a value
+    if not iterable:
+        assert isinstance(by_index[5][3], Failure) and "unreadable" in by_index[5][3].message
+    assert by_index[7][3] == ((LENGTHS[7],), LENGTHS[7] - 1)  # shift_labels: the -100 head is off
