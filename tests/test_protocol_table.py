@@ -55,6 +55,32 @@ def test_choice_outside_its_contract_is_rejected():
     assert s.after["T"] == 1 and s.after["nreal"] == 1 and s.after["pend"] == 2
 
 
+def test_step_still_checks_a_choice_against_its_contract():
+    """`step` skips `fire`'s second look at the guard `enabled_rows` just evaluated, not the choice's bounds:
+    a rank whose `choose` answers outside [lo, hi] stops with ProtocolError, and one inside fires."""
+    local = dict(initial_local(DGAP, CFG), ph=WAIT, buf=2)
+    inputs = {"ready": True, "max_st": 0, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1, "quit": 0}
+    for bad in (0, 3):
+        with pytest.raises(ProtocolError, match=f"use={bad} outside its contract"):
+            step(DGAP, local, inputs, CFG, lambda row, c, lo, hi, params: bad)
+    s = step(DGAP, local, inputs, CFG, lambda row, c, lo, hi, params: hi)
+    assert s.row == "return_go" and s.params == {"use": 2} and s.after["pend"] == 2
+
+
+def test_fire_rejects_a_row_whose_guard_is_false():
+    local = dict(initial_local(DGAP, CFG), buf=2)  # a full window posts; it does not take a sample
+    with pytest.raises(ProtocolError, match="take_sample is not enabled"):
+        fire(DGAP, DGAP.row("take_sample"), local, {"quit": 0, "src_has": True}, CFG, {})
+
+
+@pytest.mark.parametrize("scope", [{"fields": {}}, {"fields": None}, {}])
+def test_an_unbound_leaf_raises_naming_it(scope):
+    from odb.protocol.expr import Scope, evaluate
+
+    with pytest.raises(KeyError, match=r"Field\('buf'\) is not bound"):
+        evaluate(eq(Field("buf"), 0), Scope(**scope))
+
+
 def test_initial_state_is_fill():
     assert initial_local(DGAP, CFG)["ph"] == FILL
 
