@@ -53,7 +53,7 @@ def default_length(sample: Any) -> int:
     """``len(sample["input_ids"])`` of a 1-D ``input_ids`` (a list or tuple of ints, or a 1-D tensor
     or array).  Raises ValueError for any other shape: a ``[1, n]`` tensor (what a tokenizer returns
     with ``return_tensors="pt"``) would otherwise measure as one token and defeat the budget."""
-    if not isinstance(sample, Mapping) or "input_ids" not in sample:
+    if type(sample) is not dict and not isinstance(sample, Mapping) or "input_ids" not in sample:
         keys = sorted(sample)[:8] if isinstance(sample, Mapping) else None
         raise KeyError(f"sample has no 'input_ids' (type {type(sample).__name__}, keys {keys}); "
                        "pass length_fn=... to ODBDataLoader for other layouts")
@@ -89,7 +89,7 @@ def count_labels(sample: Any, shift: bool = False) -> int:
     or packing with each sample's first label set to -100 (`packed_collate`)
     the batch's shifted count is the sum of its samples' shifted counts.
     """
-    if not isinstance(sample, Mapping):
+    if type(sample) is not dict and not isinstance(sample, Mapping):  # a dict skips the ABC check
         return 0
     labels = sample.get("labels")
     if labels is None:
