@@ -46,6 +46,9 @@ def test_every_sample_is_emitted_exactly_once_and_the_traces_conform(tmp_path, m
     if mode != "quota":
         assert not left
         assert sum(v["stats"]["dealt"] for v in values) == len(LENGTHS)
+    # nothing dropped: every deal tops each rank up to the most it can pull before the next one, so no rank
+    # reads past its dealt keys into its reserve (a source that reads its keys ahead of its lead would)
+    assert [v["stats"]["reserve_taken"] for v in values] == [0, 0, 0]
     if mode != "join":
         assert len({len(v["steps"]) for v in values}) == 1
     assert_conformant(str(tmp_path / "traces"))

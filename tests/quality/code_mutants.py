@@ -198,6 +198,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "    if True:\n        return iter(wrapped)",
                ("tests/test_runtime_single.py::test_the_direct_path_yields_what_the_inner_dataloader_yields",),
                "the direct path iterates a map-style wrapper instead of reading it at the sampler's keys"),
+    CodeMutant("direct_path_lists_keys_at_start", "odb/runtime/source.py",
+               "    return map(wrapped.__getitem__, keys)", "    return map(wrapped.__getitem__, list(keys))",
+               ("tests/test_runtime_dealt.py::test_every_sample_is_emitted_exactly_once_and_the_traces_conform",),
+               "the direct path reads every key at the epoch's start: dealt keys run out at once, and a rank takes "
+               "its whole reserve class before the second deal (nothing lost at one rank; balance lost at N > 1)"),
     CodeMutant("poll_ignores_stop", "odb/runtime/source.py", "if stopping():", "if False:",
                (G + "test_closing_while_the_engine_waits_on_a_hung_worker_returns_at_once",),
                "a fetch waiting on a hung worker ignores the rank's stop"),
