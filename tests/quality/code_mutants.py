@@ -497,6 +497,15 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "check_pool(self.world_size, s.pool_size, s.mode, self.sharding)",
                (P + "test_lanes_that_read_ahead_otherwise_are_refused_on_every_rank",),
                "lanes that read ahead otherwise are not refused (they diverge once a sample is dropped)"),
+    # -- the targets' tally over every committed grid (paper_repro.scale_targets) -----------------------------------
+    CodeMutant("tally_overlap_unchecked", "paper_repro/scale_targets.py",
+               "if m in have[\"methods\"] and without_timings(have[\"methods\"][m]) != without_timings(v):",
+               "if False:",
+               ("tests/test_scale_targets.py::test_merge_keeps_a_point_once_unites_its_methods_and_refuses_files_that_disagree",),
+               "two result files give one point different figures and the tally counts whichever came first"),
+    CodeMutant("tally_counts_stale_files", "paper_repro/scale_targets.py", 'if st == "STALE":', 'if st == "none":',
+               ("tests/test_scale_targets.py::test_the_tally_leaves_stale_files_out_and_names_every_file",),
+               "a result from code that computes otherwise now is counted in the README's tally"),
 )
 
 

@@ -1,0 +1,147 @@
+"""Issue 15's targets over every committed scale grid at once: the tally the README quotes.
+
+    python -m paper_repro.scale_targets [RESULTS_DIR]
+
+Each ``scale_grid*.json`` of RESULTS_DIR (default ``paper_repro/results``) was written by one run of
+`paper_repro.scale_grid`, and each prints its own targets.  This reads them all:
+
+- a file's provenance (`paper_repro.provenance.check`) decides whether it counts: a STALE one (today's code
+  computes otherwise) is left out and named; an unstamped one counts and is named as such;
+- points are merged by (distribution, N, W, cost, samples per rank).  A point in two files is one point:
+  every method present in both must hold the same figures (wall times aside) in both, or this raises.  The
+  grid is deterministic, so two runs of one code on one point agree; a disagreement is a file from other code;
+- `scale_grid.target_lines` runs on the merged points, against `scale_grid.TARGETS` (the targets as data);
+- then two lines per ODB configuration that no single grid prints: straggler efficiency by the step-time model
+  (the budget cost's is a target line), and what dealing by exact cost could win at most (below).
+
+Dealing by cost.  A rank's straggler efficiency s (sum over steps of the mean rank's cost / sum of the
+costliest rank's) factors as ``s = c * s'``: c, the straggler ceiling, is mean / max of the ranks' total cost
+(how level the dealing left the epoch's totals), and ``s' = max total / sum over steps of the max`` is what the
+per-step alignment loses with those totals.  A deal that knew every position's exact cost (a length cache: the
+most any cost learned online before preprocessing could know) can at best level the totals, c -> 1, leaving
+``s / c``.  The share of the lost balance that the totals explain is ``ln(1/c) / ln(1/s)``.  It is an
+estimate: another deal gives other windows, hence another s'.
+
+Writes the report to ``scale_targets_<yyyymm>.md`` beside the results and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .provenance import RESULTS, check
+from .scale_grid import LABELS, ODBS, TARGETS, target_lines, without_timings
+
+__all__ = ["merge", "tally", "dealing_lines", "main"]
+
+
+def _key(r: dict) -> tuple:
+    return r["dist"], r["world"], r["window"], r["cost"], r["per_rank"]
+
+
+def merge(results: dict[str, dict]) -> list[dict]:
+    """The points of `results` (file name -> a scale grid's JSON), each (dist, N, W, cost, per rank) once, with
+    the union of its methods.  Raises ValueError when two files give one method of one point different figures
+    (wall times aside) or a different budget."""
+    out: dict[tuple, dict] = {}
+    where: dict[tuple, str] = {}
+    for name, res in results.items():
+        for r in res["rows"]:
+            k = _key(r)
+            if k not in out:
+                out[k] = {**r, "methods": dict(r["methods"])}
+                where[k] = name
+                continue
+            have = out[k]
+            if have["budget"] != r["budget"] or have["lower_bound"] != r["lower_bound"]:
+                raise ValueError(f"point {k}: {where[k]} and {name} differ in budget or step lower bound")
+            for m, v in r["methods"].items():
+                if m in have["methods"] and without_timings(have["methods"][m]) != without_timings(v):
+                    raise ValueError(f"point {k}, method {m}: {where[k]} and {name} hold different figures "
+                                     "(one of them is from other code)")
+                have["methods"].setdefault(m, v)
+    return list(out.values())
+
+
+def _in_scope(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["world"] >= TARGETS["min_world"] and r["window"] >= TARGETS["min_window"]]
+
+
+def dealing_lines(rows: list[dict]) -> list[str]:
+    """Per ODB configuration: straggler efficiency by the step-time model, and the dealing bound (module
+    docstring), over the in-scope points of `rows`."""
+    lines = []
+    want = TARGETS["straggler_eff"]
+    for key in ODBS:
+        pool = [r["methods"][key] for r in _in_scope(rows) if key in r["methods"]]
+        if not pool:
+            continue
+        name = LABELS[key]
+        model = [m["predicted"]["straggler_eff"] for m in pool]
+        lines.append(f"- {name}: straggler efficiency by the step-time model {min(model):.3f}-{max(model):.3f}, "
+                     f"below {want} at {sum(v < want for v in model)}/{len(model)} points (context: the target "
+                     "line above reads budget cost)")
+        s = [m["straggler_eff"] for m in pool]
+        c = [m["straggler_ceiling"] for m in pool]
+        share = [math.log(1 / ci) / math.log(1 / si) for si, ci in zip(s, c) if si < 1.0]
+        level = [si / ci for si, ci in zip(s, c)]
+        lines.append(
+            f"- {name}, dealing by exact cost (an estimate, module docstring): the ranks' totals explain "
+            f"{statistics.median(share):.0%} of the lost balance at the median point ({min(share):.0%}-"
+            f"{max(share):.0%}); with level totals the straggler efficiency would be {min(level):.3f}-"
+            f"{max(level):.3f} (now {min(s):.3f}-{max(s):.3f}), >= {want} at {sum(v >= want for v in level)}/"
+            f"{len(level)} points (now {sum(v >= want for v in s)})")
+    return lines
+
+
+def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
+    """(the report's lines, the merged points) for the scale grids of `results_dir` (module docstring)."""
+    status = {name: (st, commit) for name, st, commit in check(results_dir)}
+    files, skipped = {}, []
+    for p in sorted(Path(results_dir).glob("scale_grid*.json")):
+        st, commit = status[p.name]
+        if st == "STALE":
+            skipped.append(p.name)
+            continue
+        files[p.name] = json.loads(p.read_text())
+    if not files:
+        raise SystemExit(f"no current scale grid result in {results_dir}")
+    rows = merge(files)
+    scope = _in_scope(rows)
+    lines = [f"# Issue 15's targets over every committed scale grid ({len(scope)} points at N >= "
+             f"{TARGETS['min_world']}, W >= {TARGETS['min_window']}; {len(rows)} points in all)", "",
+             f"Command: `python -m paper_repro.scale_targets`; {time.strftime('%Y-%m-%d')}. Targets (data, "
+             f"`scale_grid.TARGETS`): {json.dumps(TARGETS)}.", "",
+             "## Files", ""]
+    for name in files:
+        st, commit = status[name]
+        n = len(_in_scope(files[name]["rows"]))
+        lines.append(f"- `{name}`: {st}{f' (from {commit})' if commit else ''}; {len(files[name]['rows'])} points, "
+                     f"{n} in scope")
+    lines += [f"- left out, STALE: `{n}`" for n in skipped]
+    lines += ["", "## Targets", "", *target_lines({"targets": TARGETS, "rows": rows}), "",
+              "## Context: the step-time model's straggler, and what dealing by cost could win", "",
+              *dealing_lines(rows), ""]
+    return lines, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", nargs="?", default=str(RESULTS))
+    a = ap.parse_args(argv)
+    lines, _ = tally(a.results)
+    out = Path(a.results) / f"scale_targets_{time.strftime('%Y%m')}.md"
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

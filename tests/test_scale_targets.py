@@ -1,0 +1,98 @@
+"""The tally of issue 15's targets over every committed scale grid (`paper_repro.scale_targets`)."""
+
+import copy
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from paper_repro.scale_grid import run_point
+
+    return [run_point("sharegpt4o", 4, 16, 4096, "padded", 64), run_point("mmmix", 4, 16, 4096, "packed", 64)]
+
+
+@pytest.fixture
+def small_scope(monkeypatch):
+    from paper_repro import scale_targets
+
+    monkeypatch.setitem(scale_targets.TARGETS, "min_world", 2)
+    monkeypatch.setitem(scale_targets.TARGETS, "min_window", 16)
+
+
+def test_merge_keeps_a_point_once_unites_its_methods_and_refuses_files_that_disagree(rows):
+    from paper_repro.scale_targets import merge
+
+    a, b = copy.deepcopy(rows[0]), copy.deepcopy(rows[0])
+    b["point_s"], b["methods"]["gmt"]["sim_s"] = 123.0, 9.0  # wall times differ run to run: not a disagreement
+    only = b["methods"].pop("bmt")
+    b["methods"]["extra"] = {"straggler_eff": 1.0}
+    merged = merge({"x.json": {"rows": [a]}, "y.json": {"rows": [b, rows[1]]}})
+    assert len(merged) == 2 and merged[0]["methods"]["bmt"] == only and merged[0]["methods"]["extra"]
+    assert len(rows[0]["methods"]) + 1 == len(merged[0]["methods"])
+    bad = copy.deepcopy(rows[0])
+    bad["methods"]["odb_dealt"]["steps"] += 1
+    with pytest.raises(ValueError, match="odb_dealt.*different figures"):
+        merge({"x.json": {"rows": [a]}, "y.json": {"rows": [bad]}})
+    other = copy.deepcopy(rows[0])
+    other["budget"] *= 2
+    with pytest.raises(ValueError, match="budget"):
+        merge({"x.json": {"rows": [a]}, "y.json": {"rows": [other]}})
+
+
+def test_the_dealing_bound_is_the_straggler_over_its_ceiling(rows, small_scope):
+    from paper_repro.scale_targets import dealing_lines
+
+    r = copy.deepcopy(rows[0])
+    m = r["methods"]["odb_dealt"]
+    m["straggler_eff"], m["straggler_ceiling"], m["predicted"]["straggler_eff"] = 0.90, 0.95, 0.93
+    lines = [x for x in dealing_lines([r]) if x.startswith("- ODB (dealt, default)")]
+    assert "0.930-0.930, below 0.97 at 1/1" in lines[0]
+    share = math.log(1 / 0.95) / math.log(1 / 0.90)
+    assert f"explain {share:.0%} of the lost balance" in lines[1]
+    assert f"would be {0.90 / 0.95:.3f}-{0.90 / 0.95:.3f} (now 0.900-0.900), >= 0.97 at 0/1 points (now 0)" in lines[1]
+    m["straggler_eff"], m["straggler_ceiling"] = 0.96, 0.985  # level totals would lift this one over the target
+    assert ">= 0.97 at 1/1 points (now 0)" in dealing_lines([r])[1]
+
+
+def test_the_tally_leaves_stale_files_out_and_names_every_file(rows, small_scope, tmp_path, monkeypatch):
+    from paper_repro import provenance, scale_targets
+
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
+    stale = copy.deepcopy(rows[1])
+    stale["methods"]["odb_dealt"]["steps"] += 5  # would disagree, but its file is from other code: left out
+    for name, fp, rs in (("scale_grid_a.json", "F", rows[:1]), ("scale_grid_b.json", "G", [stale]),
+                         ("scale_grid_c.json", None, rows[1:])):
+        res = {"rows": rs} if fp is None else {"rows": rs, "provenance": {"commit": "abc", "dirty": False,
+                                                                          "fingerprint": fp}}
+        (tmp_path / name).write_text(json.dumps(res))
+    (tmp_path / "quality_sim.json").write_text(json.dumps({"results": []}))  # not a scale grid: not read
+    lines, merged = scale_targets.tally(tmp_path)
+    assert len(merged) == 2 and "2 points at N >= 2, W >= 16" in lines[0]
+    text = "\n".join(lines)
+    assert "`scale_grid_a.json`: current (from abc); 1 points, 1 in scope" in text
+    assert "`scale_grid_c.json`: unstamped" in text and "left out, STALE: `scale_grid_b.json`" in text
+    assert "MISSED at" in text or "MET" in text
+    assert scale_targets.main([str(tmp_path)]) == 0
+    assert next(tmp_path.glob("scale_targets_*.md")).read_text() == text
+    for p in tmp_path.glob("scale_grid_[ac].json"):
+        p.unlink()
+    with pytest.raises(SystemExit, match="no current scale grid"):
+        scale_targets.tally(tmp_path)
+
+
+def test_the_committed_grids_agree_where_they_overlap_and_the_readme_quotes_their_tally():
+    from paper_repro.scale_targets import tally
+
+    lines, merged = tally()  # raises if two committed files give one point different figures
+    n = int(re.search(r"\((\d+) points at N >= 64", lines[0]).group(1))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert re.search(rf"at all {n} committed points", readme), f"README does not quote the tally's {n} points"
+    worst = re.search(r"ODB \(dealt, default\): predicted throughput .*MISSED at (\d+)/(\d+) points; worst ([\d.]+)",
+                      "\n".join(lines))
+    assert worst and f"the default misses throughput at {worst.group(1)} of {n} (worst {worst.group(3)}" in \
+        " ".join(readme.split())
