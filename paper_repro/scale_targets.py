@@ -11,8 +11,10 @@ Each ``scale_grid*.json`` of RESULTS_DIR (default ``paper_repro/results``) was w
   every method present in both must hold the same figures (wall times aside) in both, or this raises.  The
   grid is deterministic, so two runs of one code on one point agree; a disagreement is a file from other code;
 - `scale_grid.target_lines` runs on the merged points, against `scale_grid.TARGETS` (the targets as data);
-- then two lines per ODB configuration that no single grid prints: straggler efficiency by the step-time model
-  (the budget cost's is a target line), and what dealing by exact cost could win at most (below).
+- then what no single grid prints: per window W, each ODB configuration's figures against the targets
+  (the window is what a user sets, and ODB's default is 1,024); per ODB configuration, straggler efficiency by
+  the step-time model (the budget cost's is a target line) and what dealing by exact cost could win at most
+  (below).
 
 Dealing by cost.  A rank's straggler efficiency s (sum over steps of the mean rank's cost / sum of the
 costliest rank's) factors as ``s = c * s'``: c, the straggler ceiling, is mean / max of the ranks' total cost
@@ -38,7 +40,7 @@ from pathlib import Path
 from .provenance import RESULTS, check
 from .scale_grid import LABELS, ODBS, TARGETS, target_lines, without_timings
 
-__all__ = ["merge", "tally", "dealing_lines", "main"]
+__all__ = ["merge", "tally", "window_lines", "dealing_lines", "main"]
 
 
 def _key(r: dict) -> tuple:
@@ -71,6 +73,29 @@ def merge(results: dict[str, dict]) -> list[dict]:
 
 def _in_scope(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["world"] >= TARGETS["min_world"] and r["window"] >= TARGETS["min_window"]]
+
+
+def window_lines(rows: list[dict]) -> list[str]:
+    """Per window W and ODB configuration, over the in-scope points of `rows`: predicted throughput against
+    the target, the peers it must beat and does not (`scale_grid.BEATS`), the steps target."""
+    from .scale_grid import BEATS
+
+    t, lines = TARGETS, []
+    for key in ODBS:
+        for w in sorted({r["window"] for r in _in_scope(rows)}):
+            pool = [r for r in _in_scope(rows) if r["window"] == w and key in r["methods"]]
+            if not pool:
+                continue
+            m = [r["methods"][key] for r in pool]
+            thr = [x["throughput_vs_gmt"] for x in m]
+            lose = sum(1 for r, x in zip(pool, m) for b in BEATS if b in r["methods"]
+                       and r["methods"][b]["predicted"]["samples_per_s"] >= x["predicted"]["samples_per_s"])
+            lines.append(f"- {LABELS[key]} at W = {w}: {len(pool)} points; predicted throughput {min(thr):.3f}-"
+                         f"{max(thr):.3f} x sorted GMT's, below {t['throughput_vs_gmt']} at "
+                         f"{sum(v < t['throughput_vs_gmt'] for v in thr)}; not faster than a peer it must beat in "
+                         f"{lose} comparisons; steps over {t['steps_vs_gmt']} x GMT's at "
+                         f"{sum(x['steps_vs_gmt'] > t['steps_vs_gmt'] for x in m)}")
+    return lines
 
 
 def dealing_lines(rows: list[dict]) -> list[str]:
@@ -126,6 +151,7 @@ def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
                      f"{n} in scope")
     lines += [f"- left out, STALE: `{n}`" for n in skipped]
     lines += ["", "## Targets", "", *target_lines({"targets": TARGETS, "rows": rows}), "",
+              "## Per window", "", *window_lines(rows), "",
               "## Context: the step-time model's straggler, and what dealing by cost could win", "",
               *dealing_lines(rows), ""]
     return lines, rows

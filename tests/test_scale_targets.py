@@ -59,6 +59,29 @@ def test_the_dealing_bound_is_the_straggler_over_its_ceiling(rows, small_scope):
     assert ">= 0.97 at 1/1 points (now 0)" in dealing_lines([r])[1]
 
 
+def test_the_per_window_lines_count_each_windows_misses_and_losses(rows, small_scope):
+    from paper_repro.scale_targets import window_lines
+
+    a, b = copy.deepcopy(rows[0]), copy.deepcopy(rows[1])
+    b["window"] = 32
+    for r, thr in ((a, 0.95), (b, 0.99)):
+        m = r["methods"]["odb_dealt"]
+        m["throughput_vs_gmt"], m["steps_vs_gmt"] = thr, 1.0
+    a["methods"]["odb_dealt"]["steps_vs_gmt"] = 1.06
+    a["methods"]["bmt"]["predicted"]["samples_per_s"] = a["methods"]["odb_dealt"]["predicted"]["samples_per_s"]  # a tie
+    for peer in ("gmt_shuffled", "hf_rebalance", "dp_balanced", "release_reimpl"):
+        for r in (a, b):
+            if peer in r["methods"]:
+                r["methods"][peer]["predicted"]["samples_per_s"] = 0.5 * r["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
+    b["methods"]["bmt"]["predicted"]["samples_per_s"] = 0.5 * b["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
+    lines = [x for x in window_lines([a, b]) if x.startswith("- ODB (dealt, default)")]
+    assert lines[0].startswith("- ODB (dealt, default) at W = 16: 1 points; predicted throughput 0.950-0.950")
+    assert "below 0.97 at 1; not faster than a peer it must beat in 1 comparisons; steps over 1.05 x GMT's at 1" \
+        in lines[0]
+    assert "below 0.97 at 0; not faster than a peer it must beat in 0 comparisons; steps over 1.05 x GMT's at 0" \
+        in lines[1] and "W = 32" in lines[1]
+
+
 def test_the_tally_leaves_stale_files_out_and_names_every_file(rows, small_scope, tmp_path, monkeypatch):
     from paper_repro import provenance, scale_targets
 

@@ -506,6 +506,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
     CodeMutant("tally_counts_stale_files", "paper_repro/scale_targets.py", 'if st == "STALE":', 'if st == "none":',
                ("tests/test_scale_targets.py::test_the_tally_leaves_stale_files_out_and_names_every_file",),
                "a result from code that computes otherwise now is counted in the README's tally"),
+    CodeMutant("tally_ties_count_as_wins", "paper_repro/scale_targets.py",
+               'and r["methods"][b]["predicted"]["samples_per_s"] >= x["predicted"]["samples_per_s"])',
+               'and r["methods"][b]["predicted"]["samples_per_s"] > x["predicted"]["samples_per_s"])',
+               ("tests/test_scale_targets.py::test_the_per_window_lines_count_each_windows_misses_and_losses",),
+               "a peer as fast as ODB counts as beaten (the target is to be faster)"),
 )
 
 
