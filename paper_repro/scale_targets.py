@@ -116,6 +116,9 @@ def dealing_lines(rows: list[dict]) -> list[str]:
         c = [m["straggler_ceiling"] for m in pool]
         share = [math.log(1 / ci) / math.log(1 / si) for si, ci in zip(s, c) if si < 1.0]
         level = [si / ci for si, ci in zip(s, c)]
+        if not share:  # every point perfectly balanced: nothing lost, nothing to explain
+            lines.append(f"- {name}: straggler efficiency 1.000 at every point, no lost balance to explain")
+            continue
         lines.append(
             f"- {name}, dealing by exact cost (an estimate, module docstring): the ranks' totals explain "
             f"{statistics.median(share):.0%} of the lost balance at the median point ({min(share):.0%}-"

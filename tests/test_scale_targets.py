@@ -57,6 +57,8 @@ def test_the_dealing_bound_is_the_straggler_over_its_ceiling(rows, small_scope):
     assert f"would be {0.90 / 0.95:.3f}-{0.90 / 0.95:.3f} (now 0.900-0.900), >= 0.97 at 0/1 points (now 0)" in lines[1]
     m["straggler_eff"], m["straggler_ceiling"] = 0.96, 0.985  # level totals would lift this one over the target
     assert ">= 0.97 at 1/1 points (now 0)" in dealing_lines([r])[1]
+    m["straggler_eff"] = m["straggler_ceiling"] = 1.0
+    assert "no lost balance to explain" in dealing_lines([r])[1]
 
 
 def test_the_per_window_lines_count_each_windows_misses_and_losses(rows, small_scope):
