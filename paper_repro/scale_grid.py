@@ -298,11 +298,16 @@ def _where(r) -> str:
     return f"{r['dist']} N={r['world']} W={r['window']} {r['cost']} ({r['per_rank']}/rank)"
 
 
+def in_scope(rows: Sequence[dict], targets: dict = TARGETS) -> list[dict]:
+    """The points of `rows` the targets apply to (``min_world`` ranks and ``min_window`` up)."""
+    return [r for r in rows if r["world"] >= targets["min_world"] and r["window"] >= targets["min_window"]]
+
+
 def target_lines(res: dict) -> list[str]:
     """One line per target and ODB configuration (`ODBS`; met, or missed at k of n points with the worst point
     and the ceiling that explains it), then each against every method it must beat, then the prototypes."""
     t = res["targets"]
-    pts = [r for r in res["rows"] if r["world"] >= t["min_world"] and r["window"] >= t["min_window"]]
+    pts = in_scope(res["rows"], t)
     if not pts:
         return ["- no point at N >= 64 and W >= 256 in this grid"]
     lines = []

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from .provenance import RESULTS, check
-from .scale_grid import LABELS, ODBS, TARGETS, target_lines, without_timings
+from .scale_grid import BEATS, LABELS, ODBS, TARGETS, in_scope, target_lines, without_timings
 
 __all__ = ["merge", "tally", "window_lines", "dealing_lines", "main"]
 
@@ -71,19 +71,13 @@ def merge(results: dict[str, dict]) -> list[dict]:
     return list(out.values())
 
 
-def _in_scope(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["world"] >= TARGETS["min_world"] and r["window"] >= TARGETS["min_window"]]
-
-
 def window_lines(rows: list[dict]) -> list[str]:
     """Per window W and ODB configuration, over the in-scope points of `rows`: predicted throughput against
     the target, the peers it must beat and does not (`scale_grid.BEATS`), the steps target."""
-    from .scale_grid import BEATS
-
-    t, lines = TARGETS, []
+    t, lines, scope = TARGETS, [], in_scope(rows)
     for key in ODBS:
-        for w in sorted({r["window"] for r in _in_scope(rows)}):
-            pool = [r for r in _in_scope(rows) if r["window"] == w and key in r["methods"]]
+        for w in sorted({r["window"] for r in scope}):
+            pool = [r for r in scope if r["window"] == w and key in r["methods"]]
             if not pool:
                 continue
             m = [r["methods"][key] for r in pool]
@@ -104,7 +98,7 @@ def dealing_lines(rows: list[dict]) -> list[str]:
     lines = []
     want = TARGETS["straggler_eff"]
     for key in ODBS:
-        pool = [r["methods"][key] for r in _in_scope(rows) if key in r["methods"]]
+        pool = [r["methods"][key] for r in in_scope(rows) if key in r["methods"]]
         if not pool:
             continue
         name = LABELS[key]
@@ -133,15 +127,14 @@ def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
     status = {name: (st, commit) for name, st, commit in check(results_dir)}
     files, skipped = {}, []
     for p in sorted(Path(results_dir).glob("scale_grid*.json")):
-        st, commit = status[p.name]
-        if st == "STALE":
+        if status[p.name][0] == "STALE":
             skipped.append(p.name)
             continue
         files[p.name] = json.loads(p.read_text())
     if not files:
         raise SystemExit(f"no current scale grid result in {results_dir}")
     rows = merge(files)
-    scope = _in_scope(rows)
+    scope = in_scope(rows)
     lines = [f"# Issue 15's targets over every committed scale grid ({len(scope)} points at N >= "
              f"{TARGETS['min_world']}, W >= {TARGETS['min_window']}; {len(rows)} points in all)", "",
              f"Command: `python -m paper_repro.scale_targets`; {time.strftime('%Y-%m-%d')}. Targets (data, "
@@ -149,7 +142,7 @@ def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
              "## Files", ""]
     for name in files:
         st, commit = status[name]
-        n = len(_in_scope(files[name]["rows"]))
+        n = len(in_scope(files[name]["rows"]))
         lines.append(f"- `{name}`: {st}{f' (from {commit})' if commit else ''}; {len(files[name]['rows'])} points, "
                      f"{n} in scope")
     lines += [f"- left out, STALE: `{n}`" for n in skipped]

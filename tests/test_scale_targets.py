@@ -101,7 +101,8 @@ def test_the_tally_leaves_stale_files_out_and_names_every_file(rows, small_scope
     text = "\n".join(lines)
     assert "`scale_grid_a.json`: current (from abc); 1 points, 1 in scope" in text
     assert "`scale_grid_c.json`: unstamped" in text and "left out, STALE: `scale_grid_b.json`" in text
-    assert "MISSED at" in text or "MET" in text
+    assert "- ODB (dealt, default): predicted throughput >= 0.97 x sorted GMT's: " in text  # `target_lines` ran
+    assert "- ODB (dealt, default) at W = 16: 2 points" in text  # the per-window lines, on both merged points
     assert scale_targets.main([str(tmp_path)]) == 0
     assert next(tmp_path.glob("scale_targets_*.md")).read_text() == text
     for p in tmp_path.glob("scale_grid_[ac].json"):
