@@ -1,0 +1,51 @@
+"""`paper_repro.end_game`: the straggler loss split between the flowing rounds and the end game, and its bounds."""
+
+import numpy as np
+import pytest
+
+from paper_repro.end_game import split_loss, where_lost
+
+
+def test_split_loss_by_hand():
+    # 2 ranks; round 0 (data flows) is 2 steps, round 1 (the end game) 2 steps
+    c = np.array([[1.0, 0.8, 0.9, 0.1],
+                  [0.8, 0.8, 0.3, 0.3]])
+    f = split_loss(c, [2, 2], [False, True])
+    # per-step loss max - mean: 0.1, 0, 0.3, 0.1
+    assert f["loss"] == pytest.approx(0.5)
+    assert f["end_loss"] == pytest.approx(0.4)
+    assert (f["steps"], f["end_steps"], f["end_rounds"]) == (4, 2, 1)
+    base = 0.9 + 0.8 + 0.6 + 0.2
+    assert f["straggler"] == pytest.approx(base / (1.0 + 0.8 + 0.9 + 0.3))
+    assert f["flowing_straggler"] == pytest.approx(1.7 / 1.8)
+    assert f["end_straggler"] == pytest.approx(0.8 / 1.2)
+    assert f["ceiling"] == pytest.approx(2.5 / 2.8)  # the ranks' totals 2.8 and 2.2: mean / max
+    # the end game's totals per rank: 1.0 and 0.6 -> loss at least 0.2 (one round: both bounds alike)
+    assert f["per_round"] == pytest.approx(base / (base + 0.1 + 0.2))
+    assert f["joint"] == pytest.approx(f["per_round"])
+
+
+def test_joint_bound_levels_across_end_rounds():
+    # two end-game rounds whose totals lean opposite ways: each round's bound counts both leans, the joint none
+    c = np.array([[0.9, 0.9, 0.5],
+                  [0.9, 0.5, 0.9]])
+    f = split_loss(c, [1, 1, 1], [False, True, True])
+    base = 0.9 + 0.7 + 0.7
+    assert f["per_round"] == pytest.approx(base / (base + 0.2 + 0.2))
+    assert f["joint"] == pytest.approx(1.0)
+    assert f["straggler"] == pytest.approx(base / 2.7)
+
+
+def test_split_loss_refuses_misread_rounds():
+    with pytest.raises(ValueError):
+        split_loss(np.ones((2, 5)), [2, 2], [False, True])
+    with pytest.raises(ValueError):
+        split_loss(np.ones((2, 4)), [2, 2], [False])
+
+
+def test_a_simulated_point():
+    f = where_lost("sharegpt4o", 4, 32, 256)  # raises if its straggler is not bench_metrics' on the same batches
+    assert f["end_rounds"] >= 1 and 0 < f["end_steps"] < f["steps"]
+    assert 0 < f["end_loss"] < f["loss"]
+    assert f["straggler"] <= f["per_round"] <= f["joint"] <= 1.0
+    assert f["straggler"] < f["flowing_straggler"]  # at this point the end game balances worse than the rest
