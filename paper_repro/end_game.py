@@ -52,8 +52,8 @@ POINTS = tuple((d, 64, 1024, 8192) for d in ("llava", "ultrachat", "mmmix", "sha
 
 
 def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = BUDGET, kind: str = "padded",
-               seed: int = 0) -> dict:
-    """One point's figures (module docstring)."""
+               seed: int = 0, predict: bool = True) -> dict:
+    """One point's figures (module docstring); `predict`: the prototype and the step-time model's too."""
     from odb.batching import default_policy
     from odb.core.header import reduce_posts
     from odb.core.sim import simulate
@@ -82,10 +82,89 @@ def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = 
                 c[r, k] = pt.cost.utilisation([pt.sizes[i] for i in b])
     check = metrics(sim.batches, pt.sizes, pt.cost)["straggler_eff"]
     out = {"dist": dist, "world": world, "window": window, "per_rank": per_rank, "budget": budget, "cost": kind,
-           **split_loss(c, sim.targets, ending)}
+           **split_loss(c, sim.targets, ending), "sim_s": time.perf_counter() - t0}
     if abs(check - out["straggler"]) > 1e-9:
         raise RuntimeError(f"straggler {out['straggler']} here, {check} by bench_metrics: the steps are read otherwise")
-    return {**out, "sim_s": time.perf_counter() - t0}
+    if not predict:
+        return out
+    if kind != "padded":
+        raise ValueError("the equal end game prototype cuts padded batches only")
+    # the prototype, and both schedules through the scale grid's step-time model beside sorted GMT's
+    from odb.batching import default_policy as dp
+
+    from . import cluster_sim as cs
+    from .bench_grid import schedules
+    from .scale_grid import _plan, _predicted
+
+    eq = equal_end_game(sim.batches, pt.sizes, budget, dp().attention, sim.targets, ending)
+    _exactly_once(eq, len(pt.sizes), f"equal end game {dist} N={world} W={window}")
+    gmt = schedules(pt, world, window, ["gmt"])["gmt"][0]
+    filler = sorted(s[0] for s in pt.sizes)[len(pt.sizes) // 2]  # as the scale grid's PAD filler
+    r_s = cs.odb_round_latency(cs.H20_2B, world, window, layout.length)[0]
+    sps = {name: _predicted(_plan(rows, pt.sizes, world, filler), world, "pad", r_s if name != "gmt" else 0.0,
+                            len(sim.targets) if name != "gmt" else 0, 1)["samples_per_s"]
+           for name, rows in (("gmt", gmt), ("now", sim.batches), ("equal", eq))}
+    out.update(throughput_vs_gmt=sps["now"] / sps["gmt"], equal_throughput_vs_gmt=sps["equal"] / sps["gmt"],
+               equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"], point_s=time.perf_counter() - t0)
+    return out
+
+
+def equal_groups(lengths: list[tuple[int, int]], T: int, budget: int, a: float) -> list[list[int]]:
+    """At most `T` groups of ``lengths`` ((tokens, index) pairs) under a padded `budget`, the costliest as cheap
+    as it can be: sorted by length, cut into runs whose weight ``n Lmax (1 + a Lmax)`` stays under a bound C,
+    the least C (bisection) that needs no more than T runs; then the costliest run of two or more halved until
+    there are T (or none is left to halve).  Costliest first."""
+    L = sorted(lengths, reverse=True)
+    if not L:
+        return []
+    w_of = lambda t: t * (1 + a * t)  # noqa: E731  (the default policy's aligned weight of one padded row)
+    w = [w_of(x[0]) for x in L]
+
+    def cut(C: float) -> list[tuple[int, int]]:
+        runs, i = [], 0
+        while i < len(L):
+            take = max(1, min(budget // L[i][0], int(C / w[i]) if w[i] else len(L)))
+            runs.append((i, min(len(L), i + take)))
+            i += take
+        return runs
+
+    lo, hi = max(w) * (1 - 1e-12), sum(w) + 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if len(cut(mid)) <= T else (mid, hi)
+    runs = cut(hi)
+    if len(runs) > T:
+        raise RuntimeError(f"{len(L)} samples need {len(runs)} batches within the budget, {T} steps given")
+    length = {i: t for t, i in L}
+    weight = lambda g: len(g) * w_of(length[g[0]])  # noqa: E731  (a run is sorted: g[0] is its longest)
+    groups = [[x[1] for x in L[i:j]] for i, j in runs]
+    while len(groups) < T:
+        k = max((k for k in range(len(groups)) if len(groups[k]) > 1), key=lambda k: weight(groups[k]), default=None)
+        if k is None:
+            break
+        g = groups.pop(k)
+        groups += [g[:(len(g) + 1) // 2], g[(len(g) + 1) // 2:]]
+    return sorted(groups, key=weight, reverse=True)
+
+
+def equal_end_game(rows, sizes, budget: int, a: float, targets: list[int], ending: list[bool]) -> list[list]:
+    """PROTOTYPE, not what ships: ODB's batches (``rows[rank][step]``, PAD mode) with each end-game round's
+    samples of each rank re-cut into that round's steps by `equal_groups` (no sample leaves its rank or its
+    round; fillers where a rank has fewer samples than steps).  A partition rule alone would do it: a rank
+    knows the samples it emits in a round when it partitions them."""
+    steps = max(map(len, rows))
+    out = [list(r) + [None] * (steps - len(r)) for r in rows]
+    s0 = 0
+    for t, e in zip(targets, ending):
+        a0, b0 = s0, min(steps, s0 + t)
+        s0 += t
+        if not e or a0 >= b0:
+            continue
+        for r in range(len(rows)):
+            mine = [(sizes[i][0], i) for b in out[r][a0:b0] if b for i in b]
+            gs = equal_groups(mine, b0 - a0, budget, a)
+            out[r][a0:b0] = gs + [None] * (b0 - a0 - len(gs))
+    return out
 
 
 def split_loss(c: np.ndarray, targets: list[int], ending: list[bool]) -> dict:

@@ -49,3 +49,15 @@ def test_a_simulated_point():
     assert 0 < f["end_loss"] < f["loss"]
     assert f["straggler"] <= f["per_round"] <= f["joint"] <= 1.0
     assert f["straggler"] < f["flowing_straggler"]  # at this point the end game balances worse than the rest
+
+
+def test_reads_what_the_scale_grid_reads():
+    """The same point through `scale_grid.run_point`: ODB's straggler and predicted throughput over sorted GMT's
+    are the grid's own (the tool re-runs the grid's simulation, not a sibling of it)."""
+    from paper_repro.scale_grid import run_point
+
+    g = run_point("release", 4, 32, 8192, "padded", 256)["methods"]["odb_dealt"]
+    f = where_lost("release", 4, 32, 256)
+    assert f["straggler"] == g["straggler_eff"]
+    assert f["throughput_vs_gmt"] == g["throughput_vs_gmt"]
+    assert f["equal_straggler"] > 0 and f["equal_throughput_vs_gmt"] > 0
