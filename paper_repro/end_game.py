@@ -52,8 +52,10 @@ POINTS = tuple((d, 64, 1024, 8192) for d in ("llava", "ultrachat", "mmmix", "sha
 
 
 def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = BUDGET, kind: str = "padded",
-               seed: int = 0, predict: bool = True) -> dict:
-    """One point's figures (module docstring); `predict`: the prototype and the step-time model's too."""
+               seed: int = 0, predict: bool = True, policy=None) -> dict:
+    """One point's figures (module docstring); `predict`: the prototype and the step-time model's too;
+    `policy`: a factory of the alignment policy to run (None: the default; its summary must open as the
+    default's, ``[tag, n, exhausted, ...]``)."""
     from odb.batching import default_policy
     from odb.core.header import reduce_posts
     from odb.core.sim import simulate
@@ -63,7 +65,7 @@ def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = 
     from .bench_metrics import metrics
 
     pt = point(dist, world, budget, kind, per_rank, seed)
-    layout = header_layout(default_policy().summary_len, window)
+    layout = header_layout((policy or default_policy)().summary_len, window)
     ending: list[bool] = []  # per round: some rank with data has an ended source
 
     def on_round(k, posts):
@@ -72,7 +74,8 @@ def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = 
         ending.append(bool((s[live, 2] != 0).any()) if live.any() else True)
 
     t0 = time.perf_counter()
-    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round)
+    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round,
+                   policy=policy)
     _exactly_once(sim.batches, len(pt.sizes), f"end game {dist} N={world} W={window}")
     steps = max(map(len, sim.batches))
     c = np.zeros((world, steps))
@@ -128,7 +131,7 @@ def equal_groups(lengths: list[tuple[int, int]], T: int, budget: int, a: float) 
             i += take
         return runs
 
-    lo, hi = max(w) * (1 - 1e-12), sum(w) + 1.0
+    lo, hi = max(w) * (1 - 1e-12), len(w) * max(w) + 1.0  # hi: every run as long as the budget allows
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if len(cut(mid)) <= T else (mid, hi)
