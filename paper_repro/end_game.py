@@ -28,7 +28,14 @@ between ranks:
 
 Each is reported as the straggler efficiency the point would have with the end game's loss at that bound.
 ``joint >= per_round`` always.  Both are bounds for the same split of the work between the flowing rounds
-and the end game: a policy that changed the split changes R.
+and the end game: a policy that changed the split changes R.  Neither counts that batches are not divisible.
+
+Two PROTOTYPES, measured (straggler efficiency, and predicted throughput over sorted GMT's by the scale grid's
+step-time model, `paper_repro.scale_grid._predicted`, ODB's round collectives charged as there):
+
+* ``equal`` (`equal_end_game`): each rank's samples of each end-game round re-cut into the round's steps, the
+  costliest batch as cheap as it can be: a partition rule alone, aiming at the ``per_round`` bound;
+* ``flow`` (`flow_until_all`): another rule 1 for the rounds in which some rank has run dry, its own run.
 
 Writes ``end_game_<yyyymm>.{json,md}`` (provenance-stamped) and prints the table.
 """
@@ -49,6 +56,27 @@ POINTS = tuple((d, 64, 1024, 8192) for d in ("llava", "ultrachat", "mmmix", "sha
     (d, 64, 256, 2048) for d in ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")) + (
     ("sharegpt4o", 256, 1024, 8192), ("release", 256, 1024, 8192),
     ("sharegpt4o", 1024, 256, 2048), ("release", 1024, 256, 2048))
+
+
+def flow_until_all():
+    """PROTOTYPE, not what ships: the default policy but for its rule 1 while some, not every, rank with data
+    has an ended source: such a round is decided as one while data flows (the exhausted ranks' closed groups
+    count in the need, the reservoir halves it, the profile binds), so the first rank to run dry no longer
+    makes every rank emit nearly its whole window at once; once every rank with data has run dry, the
+    flush (rule 1) as before.  It reads the gathered summaries only (a replicated decision).  The partition
+    is the default's: at the epoch end it fills open slots costliest first."""
+    from odb.batching.policy import BalancedPolicy, _as_array
+
+    class FlowUntilAll(BalancedPolicy):
+        def propose(self, summaries, window):
+            a = _as_array(summaries, self.summary_len)
+            ex = a[a[:, 1] > 0, 2]
+            if ex.any() and not ex.all():
+                a = a.copy()
+                a[:, 2] = 0  # a copy: the memo (`_same`) then keeps the partition on the round's own summaries
+            return super().propose(a, window)
+
+    return FlowUntilAll()
 
 
 def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = BUDGET, kind: str = "padded",
@@ -105,10 +133,17 @@ def where_lost(dist: str, world: int, window: int, per_rank: int, budget: int = 
     filler = sorted(s[0] for s in pt.sizes)[len(pt.sizes) // 2]  # as the scale grid's PAD filler
     r_s = cs.odb_round_latency(cs.H20_2B, world, window, layout.length)[0]
     sps = {name: _predicted(_plan(rows, pt.sizes, world, filler), world, "pad", r_s if name != "gmt" else 0.0,
-                            len(sim.targets) if name != "gmt" else 0, 1)["samples_per_s"]
+                            sim.rounds if name != "gmt" else 0, 1)["samples_per_s"]
            for name, rows in (("gmt", gmt), ("now", sim.batches), ("equal", eq))}
     out.update(throughput_vs_gmt=sps["now"] / sps["gmt"], equal_throughput_vs_gmt=sps["equal"] / sps["gmt"],
-               equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"], point_s=time.perf_counter() - t0)
+               equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"])
+    if policy is None:  # the second prototype: another rule 1, its own run of the same lengths
+        fl = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes,
+                      policy=flow_until_all)
+        _exactly_once(fl.batches, len(pt.sizes), f"flow until all {dist} N={world} W={window}")
+        out.update(flow_straggler=metrics(fl.batches, pt.sizes, pt.cost)["straggler_eff"], flow_throughput_vs_gmt=_predicted(
+            _plan(fl.batches, pt.sizes, world, filler), world, "pad", r_s, fl.rounds, 1)["samples_per_s"] / sps["gmt"])
+    out["point_s"] = time.perf_counter() - t0
     return out
 
 
@@ -198,12 +233,15 @@ def split_loss(c: np.ndarray, targets: list[int], ending: list[bool]) -> dict:
 
 def render(rows: list[dict]) -> str:
     head = ("| point (samples per rank) | steps in the end game | share of the loss there | straggler now "
-            "| while data flows | in the end game | bound: per round | bound: joint |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+            "| while data flows | in the end game | bound: per round | bound: joint | re-cut prototype "
+            "| flow-until-all prototype | throughput vs GMT: now, re-cut, flow-until-all |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['dist']}, N = {r['world']:,}, W = {r['window']:,} ({r['per_rank']:,}) "
              f"| {r['end_steps']} of {r['steps']} ({r['end_rounds']} of {r['rounds']} rounds) "
              f"| {r['end_loss'] / r['loss']:.0%} | {r['straggler']:.3f} | {r['flowing_straggler']:.3f} "
-             f"| {r['end_straggler']:.3f} | {r['per_round']:.3f} | {r['joint']:.3f} |" for r in rows]
+             f"| {r['end_straggler']:.3f} | {r['per_round']:.3f} | {r['joint']:.3f} | {r['equal_straggler']:.3f} "
+             f"| {r['flow_straggler']:.3f} | {r['throughput_vs_gmt']:.3f}, {r['equal_throughput_vs_gmt']:.3f}, "
+             f"{r['flow_throughput_vs_gmt']:.3f} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 

@@ -61,3 +61,12 @@ def test_reads_what_the_scale_grid_reads():
     assert f["straggler"] == g["straggler_eff"]
     assert f["throughput_vs_gmt"] == g["throughput_vs_gmt"]
     assert f["equal_straggler"] > 0 and f["equal_throughput_vs_gmt"] > 0
+    assert f["flow_straggler"] > 0 and f["flow_throughput_vs_gmt"] > 0
+
+
+def test_flow_prototype_decides_the_rounds_some_rank_ran_dry():
+    """At a point whose end game holds a round with some, not every, rank run dry, the flow-until-all rule
+    decides it otherwise (a rule that changed nothing would give the default's figures)."""
+    f = where_lost("mmmix", 8, 128, 1024)
+    assert f["end_rounds"] >= 2
+    assert f["flow_straggler"] != f["straggler"] and f["flow_throughput_vs_gmt"] != f["throughput_vs_gmt"]
