@@ -85,5 +85,6 @@ def test_equal_groups_cut_every_sample_once_within_budget():
         assert all(len(g) * max(length[i] for i in g) <= 8192 or len(g) == 1 for g in gs)
     costliest = [max(len(g) * max(length[i] for i in g) for g in equal_groups(L, T, 8192, 0.0)) for T in (40, 50, 60)]
     assert costliest[0] >= costliest[1] >= costliest[2]  # more steps, a cheaper costliest batch
+    assert equal_groups([(4000, 0), (3000, 1)], 1, 8192, 0.0) == [[0, 1]]  # a pair that fits is one batch
     with pytest.raises(RuntimeError):
         equal_groups(L, 31, 8192, 0.0)  # these 60 samples pack into 32 batches of 8,192 at the fewest

@@ -512,6 +512,24 @@ MUTANTS: tuple[CodeMutant, ...] = (
                'and r["methods"][b]["predicted"]["samples_per_s"] > x["predicted"]["samples_per_s"])',
                ("tests/test_scale_targets.py::test_the_per_window_lines_count_each_windows_misses_and_losses",),
                "a peer as fast as ODB counts as beaten (the target is to be faster)"),
+    # -- the epoch end's figures (`paper_repro.epoch_end`) ---------------------------------------------------------
+    CodeMutant("epoch_end_joint_is_per_round", "paper_repro/epoch_end.py",
+               '"joint": float(base / (base + flowing + R.max() - R.mean()))}',
+               '"joint": float(base / (base + flowing + per_round))}',
+               ("tests/test_epoch_end.py::test_joint_bound_levels_across_end_rounds",),
+               "the joint bound is the per-round one (the end's rounds never level each other)"),
+    CodeMutant("epoch_end_starts_a_round_late", "paper_repro/epoch_end.py", "    end = rnd >= end_round\n",
+               "    end = rnd > end_round\n", ("tests/test_epoch_end.py::test_split_loss_by_hand",),
+               "the first round with a dry rank is counted as flowing"),
+    CodeMutant("equal_groups_bound_by_the_sum", "paper_repro/epoch_end.py",
+               "lo, hi = max(w) * (1 - 1e-12), len(w) * max(w) + 1.0",
+               "lo, hi = max(w) * (1 - 1e-12), sum(w) + 1.0",
+               ("tests/test_epoch_end.py::test_equal_groups_cut_every_sample_once_within_budget",),
+               "the re-cut's bisection starts below a run the budget allows (a pair that fits is cut apart)"),
+    CodeMutant("flow_prototype_inert", "paper_repro/epoch_end.py", "            if ex.any() and not ex.all():\n",
+               "            if False:\n",
+               ("tests/test_epoch_end.py::test_flow_prototype_decides_the_rounds_some_rank_ran_dry",),
+               "the flow-until-all prototype decides every round as the default does"),
 )
 
 
