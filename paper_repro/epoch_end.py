@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -81,8 +80,6 @@ def flow_until_all():
     return FlowUntilAll()
 
 
-
-
 def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "padded", budget: int = 8192,
               seed: int = 0, report: bool = False, policy=None) -> dict:
     """ODB's schedule on one point and where its lost balance falls (module docstring); `report`: the two
@@ -112,8 +109,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
     _exactly_once(sim.batches, len(pt.sizes), f"epoch end {dist} N={world} W={window}")
     m = metrics(sim.batches, pt.sizes, pt.cost)
 
-    def lost(rows) -> float:  # sum over steps of max - mean: the metrics' step time less their mean rank's
-        m = metrics(rows, pt.sizes, pt.cost)
+    def lost(m) -> float:  # sum over steps of max - mean: the metrics' step time less their mean rank's
         return m["step_time"] * (1.0 - m["straggler_eff"])
 
     steps = max(len(r) for r in sim.batches)
@@ -126,7 +122,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
                 c[r, k] = pt.cost.utilisation([pt.sizes[i] for i in b])
     out = {"dist": dist, "world": world, "window": window, "per_rank": per_rank, "cost": kind, "steps": steps,
            "rounds": sim.rounds, "end_round": end_round, "end_step": start,
-           "lost": lost(sim.batches), "lost_at_end": lost([r[start:] for r in sim.batches]),
+           "lost": lost(m), "lost_at_end": lost(metrics([r[start:] for r in sim.batches], pt.sizes, pt.cost)),
            **split_loss(c, sim.targets, end_round), "sim_s": time.perf_counter() - t0}
     if abs(out["straggler"] - m["straggler_eff"]) > 1e-9:
         raise RuntimeError(f"straggler {out['straggler']} here, {m['straggler_eff']} by bench_metrics")

@@ -60,6 +60,10 @@ def test_reads_what_the_scale_grid_reads():
     assert f["throughput_vs_gmt"] == g["throughput_vs_gmt"]
     assert f["equal_straggler"] > 0 and f["equal_throughput_vs_gmt"] > 0
     assert f["flow_straggler"] > 0 and f["flow_throughput_vs_gmt"] > 0
+    from paper_repro.epoch_end import render
+
+    row = render([f]).splitlines()[2]
+    assert row.startswith("| release, N = 4, W = 32 (256) |") and f"{f['throughput_vs_gmt']:.3f}, " in row
 
 
 def test_flow_prototype_decides_the_rounds_some_rank_ran_dry():
