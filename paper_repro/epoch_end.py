@@ -81,10 +81,9 @@ def flow_until_all():
 
 
 def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "padded", budget: int = 8192,
-              seed: int = 0, report: bool = False, policy=None) -> dict:
+              seed: int = 0, report: bool = False) -> dict:
     """ODB's schedule on one point and where its lost balance falls (module docstring); `report`: the two
-    prototypes and the step-time model's figures too (padded cost only); `policy`: a factory of the alignment
-    policy to run instead of the default (its summary must open as the default's, ``[tag, n, exhausted, ...]``)."""
+    prototypes and the step-time model's figures too (padded cost only)."""
     from odb.batching import default_policy
     from odb.core.sim import simulate
     from odb.runtime.engine import header_layout
@@ -94,7 +93,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
 
     t0 = time.perf_counter()
     pt = point(dist, world, budget, kind, per_rank, seed)
-    layout = header_layout((policy or default_policy)().summary_len, window)
+    layout = header_layout(default_policy().summary_len, window)
     first: list[int] = []
 
     def on_round(rnd, posts):
@@ -104,8 +103,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
                 first.append(rnd)
         return False
 
-    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round,
-                   policy=policy)
+    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round)
     _exactly_once(sim.batches, len(pt.sizes), f"epoch end {dist} N={world} W={window}")
     m = metrics(sim.batches, pt.sizes, pt.cost)
 
@@ -146,12 +144,11 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
     g = _predicted(_plan(gmt, pt.sizes, world, filler), world, "pad", 0.0, 0, 1)["samples_per_s"]
     out.update(throughput_vs_gmt=sps(sim.batches, sim.rounds) / g, equal_throughput_vs_gmt=sps(eq, sim.rounds) / g,
                equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"])
-    if policy is None:  # the second prototype: another rule 1, its own run of the same lengths
-        fl = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes,
-                      policy=flow_until_all)
-        _exactly_once(fl.batches, len(pt.sizes), f"flow until all {dist} N={world} W={window}")
-        out.update(flow_straggler=metrics(fl.batches, pt.sizes, pt.cost)["straggler_eff"],
-                   flow_throughput_vs_gmt=sps(fl.batches, fl.rounds) / g)
+    # the second prototype: another rule 1, its own run of the same lengths
+    fl = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, policy=flow_until_all)
+    _exactly_once(fl.batches, len(pt.sizes), f"flow until all {dist} N={world} W={window}")
+    out.update(flow_straggler=metrics(fl.batches, pt.sizes, pt.cost)["straggler_eff"],
+               flow_throughput_vs_gmt=sps(fl.batches, fl.rounds) / g)
     out["point_s"] = time.perf_counter() - t0
     return out
 
