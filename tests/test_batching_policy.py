@@ -512,3 +512,31 @@ def test_ranks_without_data_do_not_bind_the_target():
     rows = [_summary(0, False, []), _summary(50, False, [0] * OVER + [5])]
     for form in (rows, np.array(rows)):
         assert default_policy().propose(form, 64) == 5
+
+
+def _partitions(ws, exhausted, budget=1000):
+    """Each rank's summary, the round's target and each rank's partition at it (every check passed)."""
+    cost = make_cost_model("padded", budget)
+    pols = [default_policy() for _ in ws]
+    summaries = [p.summarize(w, cost, x) for p, w, x in zip(pols, ws, exhausted)]
+    t = pols[0].propose(summaries, 8)
+    out = [p.partition(w, t, t, cost, summaries=summaries) for p, w in zip(pols, ws)]
+    for w, g in zip(ws, out):
+        check_partition(g, len(w), t, w, cost)
+    return t, pols[0].profile(summaries, t), out
+
+
+def test_the_open_slots_after_the_profile_take_only_groups_the_profile_left():
+    # one shared slot (bucket of fill 1.0), then four open slots: the fill-1.0 group goes out once
+    t, prof, parts = _partitions([[(1000,), (600,), (600,), (600,), (600,), (50,)],
+                                  [(1000,), (800,), (800,), (800,), (800,), (50,)]], (False, False))
+    assert t == 5 and len(prof) == 1
+    assert parts == [[[0], [1], [2], [3], [4]]] * 2
+
+
+def test_at_the_epoch_end_the_open_slots_take_the_costliest_groups_first():
+    # rank 1 is exhausted with 2 groups: rank 0 emits its two costliest of three, not its first two in
+    # `pack`'s order ([600] alone at fill 0.59, then [450, 450] at 0.88 and [300] x 3 at 0.88)
+    t, prof, parts = _partitions([[(600,), (450,), (450,), (300,), (300,), (300,)], [(550,), (560,)]], (False, True))
+    assert (t, prof) == (2, [])
+    assert parts == [[[1, 2], [3, 4, 5]], [[1], [0]]]

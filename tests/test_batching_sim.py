@@ -133,6 +133,26 @@ def test_every_rank_receives_the_same_gathered_summaries_in_partition():
             assert got == [q.posted[rnd] for q in pols]
 
 
+def test_a_policy_that_sorts_the_window_it_is_handed_changes_no_batch():
+    """The rank keeps its window's sizes from the post to the round's partition (`RankCore._window_sizes`):
+    each call is handed a copy, and the copy is remade when the window changes, so a policy that sorts the
+    list in place in `summarize` is handed the window as it is in `partition`, and every round's window is
+    its own."""
+    from odb.batching.policy import BalancedPolicy
+
+    class Sorting(BalancedPolicy):
+        def summarize(self, window, cost, exhausted):
+            out = super().summarize(window, cost, exhausted)
+            window.sort()  # in place, after reading it
+            return out
+
+    sizes = [sample_lengths("mmmix", 200, seed=r) for r in range(3)]
+    cost = make_cost_model("padded", 4096)
+    plain = simulate(sizes, cost, window=24)
+    sorting = simulate(sizes, cost, window=24, policy=Sorting)
+    assert plain.rounds > 3 and sorting.batches == plain.batches
+
+
 def _dealt_schedule(order, n, window, kind="packed", budget=2048, **kw):
     cost = make_cost_model(kind, budget)
     return simulate([[] for _ in range(n)], cost, window=window, deal=order, **kw), cost

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from itertools import groupby
 from operator import itemgetter, mul
 from typing import NamedTuple, Sequence
 
@@ -217,6 +218,15 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
     return len(own)  # not reached: lent > within means some slot runs out
 
 
+class _Order(NamedTuple):
+    """A window's closed groups in the orders `BalancedPolicy.partition` reads (rule 5)."""
+
+    closed: list                # the closed groups, in `pack`'s order (a group's index k is its place here)
+    by_fill: list[int]          # the k in decreasing fill, ties by k
+    place: list[int]            # place[k]: k's index in `by_fill`
+    by_bucket: list[list[int]]  # per fill bucket, its k: most real tokens per unit of cost first, ties by k
+
+
 class _Round(NamedTuple):
     """`BalancedPolicy`'s memo of the last summaries (pure caches of them)."""
 
@@ -295,7 +305,7 @@ class BalancedPolicy:
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise ConfigError(f"BalancedPolicy lanes must be an int >= 1 (the loader's pool_size), got {lanes!r}")
         self.attention, self.lanes = float(attention), lanes
-        self._memo: tuple[tuple, object, list[Group], list[int]] | None = None
+        self._memo: tuple[tuple, object, list[Group], list[int], list] | None = None
         self._round: _Round | None = None
 
     # -- helpers ---------------------------------------------------------------
@@ -311,8 +321,32 @@ class BalancedPolicy:
             return m[2], m[3]
         moments: list = []
         g = aligned_fill(pack(window, cost, moments), window, cost, self.attention, moments)
-        self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g])
+        self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g], [])
         return self._memo[2], self._memo[3]
+
+    def _ordered(self, window: Sequence[Sizes], cost: CostModel) -> _Order:
+        """The window's closed groups in the orders `partition` reads (`_Order`; memoized with the packing:
+        they depend on the window alone, so `summarize` computes them before the round's collective)."""
+        self._packed(window, cost)
+        key, _, gs, buckets, memo = self._memo
+        if memo:
+            return memo[0]
+        closed = [g for g in gs if g.closed]
+        bucket = [b for g, b in zip(gs, buckets) if g.closed]
+        by_fill = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))
+        place = [0] * len(closed)
+        for i, k in enumerate(by_fill):
+            place[k] = i
+        try:  # every sample has its tokens (the common case): one C-level pass
+            tok = list(map(itemgetter(0), key))
+        except IndexError:
+            tok = [s[0] if s else 0 for s in key]
+        density = [sum(map(tok.__getitem__, g.positions)) / max(g.fill, 1e-12) for g in closed]
+        by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
+        for k in sorted(range(len(closed)), key=density.__getitem__, reverse=True):  # stable: ties by k
+            by_bucket[bucket[k]].append(k)
+        memo.append(_Order(closed, by_fill, place, by_bucket))
+        return memo[0]
 
     def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple["np.ndarray", tuple[list[int], list[list[bool]]]]:
         """The summaries of the ranks with data (an int64 array, a row each) and their `over_slots` (any
@@ -363,6 +397,7 @@ class BalancedPolicy:
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
         """This rank's summary (layout in the class docstring); pure in its arguments."""
         gs, buckets = self._packed(window, cost)
+        self._ordered(window, cost)  # what `partition` reads of the window alone, before the collective
         hist = [0] * NUM_BUCKETS
         for g, b in zip(gs, buckets):
             if g.closed:
@@ -408,12 +443,11 @@ class BalancedPolicy:
             raise ProtocolError(f"partition asked for {real} groups from a window of {len(window)}")
         if real == 0:
             return []
-        gs, buckets = self._packed(window, cost)
-        closed = [g for g in gs if g.closed]
+        o = self._ordered(window, cost)
+        closed = o.closed
         if real <= len(closed):
-            pick = self._pick(window, closed, [b for g, b in zip(gs, buckets) if g.closed], real, summaries, target)
-            return [list(closed[k].positions) for k in pick]
-        return self._split(window, gs[:real], real, cost)  # every closed group, then the open one
+            return [list(closed[k].positions) for k in self._pick(o, real, summaries, target)]
+        return self._split(window, self._packed(window, cost)[0][:real], real, cost)  # every closed group, then the open one
 
     def _split(self, window: Sequence[Sizes], groups: Sequence[Group], real: int, cost: CostModel) -> list[list[int]]:
         """`groups` (with rule 0's fills) split until there are `real` of them, in decreasing fill: the
@@ -437,42 +471,39 @@ class BalancedPolicy:
                 made += 1
         return [item[3] for item in sorted(heap + done)]
 
-    def _pick(self, window: Sequence[Sizes], closed: list[Group], bucket: list[int], real: int,
-              summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:
-        """Indices into `closed` (whose fill buckets are `bucket`) of the `real` groups to emit,
-        in decreasing fill."""
+    def _pick(self, o: _Order, real: int, summaries: Sequence[Sequence[int]] | None, target: int) -> list[int]:
+        """Indices into ``o.closed`` of the `real` groups to emit, in decreasing fill."""
         if summaries is None:
-            rank = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))
-            return rank[:real]
-        # per bucket: fewest padding tokens first (real tokens per unit of cost), then position
-        by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
-        try:  # every sample has its tokens (the common case): one C-level pass
-            tok = list(map(itemgetter(0), window))
-        except IndexError:
-            tok = [s[0] if s else 0 for s in window]
-        density = [sum(map(tok.__getitem__, g.positions)) / max(g.fill, 1e-12) for g in closed]
-        for k in sorted(range(len(closed)), key=density.__getitem__, reverse=True):  # stable: ties by k
-            by_bucket[bucket[k]].append(k)
+            return o.by_fill[:real]
+        closed, place, bb = o.closed, o.place, o.by_bucket
+        head = [0] * NUM_BUCKETS  # per bucket, its groups taken so far (fewest padding tokens first)
         taken: list[int] = []
-        for b in self.profile(summaries, max(target, real))[:real]:
-            if b < OVER:  # over-budget slot: the costliest own sample no costlier than the level, else lend
-                b = next((o for o in range(b, OVER) if by_bucket[o]), None)
-                if b is None:
-                    b = next((o for o in range(OVER, NUM_BUCKETS) if by_bucket[o]), 0)
-            if by_bucket[b]:
-                taken.append(by_bucket[b].pop(0))
+        for b, run in groupby(self.profile(summaries, max(target, real))[:real]):
+            if b >= OVER:  # a run of slots of one bucket within budget: as many of its groups as it has
+                h = head[b]
+                got = bb[b][h:h + len(list(run))]
+                taken += got
+                head[b] = h + len(got)
+                continue
+            for _ in run:  # over-budget slot: the costliest own sample no costlier than the level, else lend
+                c = next((x for x in range(b, OVER) if head[x] < len(bb[x])), None)
+                if c is None:
+                    c = next((x for x in range(OVER, NUM_BUCKETS) if head[x] < len(bb[x])), 0)
+                if head[c] < len(bb[c]):
+                    taken.append(bb[c][head[c]])
+                    head[c] += 1
         # the slots the profile leaves open: fullest within budget first; a lone over-budget
         # sample (a step of its own cost) only when nothing else is left, cheapest first
         if len(taken) < real:
-            rest = [k for ks in by_bucket for k in ks]
+            rest = [k for b in range(NUM_BUCKETS) for k in bb[b][head[b]:]]
             if self._slots(summaries)[0][:, 2].any():
                 # epoch end: costliest first, so a rank holding more cost (over-budget samples
                 # carried this far) spends it while the other ranks still have batches to run
-                rest.sort(key=lambda k: (-closed[k].fill, k))
+                rest.sort(key=place.__getitem__)
             else:
                 rest.sort(key=lambda k: (closed[k].fill > 1.0, abs(1.0 - closed[k].fill), k))
             taken += rest[:real - len(taken)]
-        return sorted(taken, key=lambda k: (-closed[k].fill, k))
+        return sorted(taken, key=place.__getitem__)  # decreasing fill, ties by index
 
 
 def default_policy(lanes: int = 1) -> BalancedPolicy:
