@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 import odb
-from odb.batching import default_policy
+from odb.batching import BalancedPolicy, default_policy
 from odb.core.header import Post
 from odb.runtime.engine import header_layout
 from odb.runtime.transport import HeaderGather, counts_mode
@@ -74,28 +74,36 @@ class _Prebuilt(torch.utils.data.Dataset):
         return self.samples[i]
 
 
-class _TimedPolicy:
-    """Delegates to the default policy and adds up the time spent in it."""
+class _TimedPolicy(BalancedPolicy):
+    """The default policy (`default_policy`: `BalancedPolicy` with its defaults), with the time spent in its three
+    calls added up.  A subclass, not a wrapper: the loader then runs exactly the default's path (its ``groups``
+    for the dealer's intake bound, the gathered summaries as one array, ``partition`` with the summaries), so
+    the figure is the default's, not a sibling's."""
 
     def __init__(self):
-        self.inner, self.seconds = default_policy(), 0.0
-        self.summary_len = self.inner.summary_len
+        super().__init__()
+        self.seconds = 0.0
 
-    def _timed(self, fn, *a):
+    def summarize(self, window, cost, exhausted):
         t0 = time.perf_counter()
         try:
-            return fn(*a)
+            return super().summarize(window, cost, exhausted)
         finally:
             self.seconds += time.perf_counter() - t0
 
-    def summarize(self, *a):
-        return self._timed(self.inner.summarize, *a)
+    def propose(self, summaries, window):
+        t0 = time.perf_counter()
+        try:
+            return super().propose(summaries, window)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
-    def propose(self, *a):
-        return self._timed(self.inner.propose, *a)
-
-    def partition(self, *a):
-        return self._timed(self.inner.partition, *a)
+    def partition(self, window, target, real, cost, *, summaries=None):
+        t0 = time.perf_counter()
+        try:
+            return super().partition(window, target, real, cost, summaries=summaries)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 def _noop_collate(samples):

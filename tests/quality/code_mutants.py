@@ -488,6 +488,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "        sizes = self._sized",
                ("tests/test_batching_sim.py::test_a_policy_that_sorts_the_window_it_is_handed_changes_no_batch",),
                "the policy's summarize is handed the list the partition reads: a policy reordering it moves the batches"),
+    CodeMutant("loader_figure_drops_the_summaries", "paper_repro/bench_runtime.py",
+               "return super().partition(window, target, real, cost, summaries=summaries)",
+               "return super().partition(window, target, real, cost)",
+               ("tests/test_bench_runtime.py::test_the_loader_figures_timed_policy_emits_the_default_policys_batches",),
+               "the loader benchmark's timed policy partitions without the gathered summaries (a sibling's path)"),
     # -- pooled windows (odb.core.pool) --------------------------------------------------------------------------
     CodeMutant("pool_ignores_a_lanes_stop", "odb/core/pool.py", 'st = a[:, :, rows.layout.index["st"]].max(axis=1)', 'st = a[:, 0, rows.layout.index["st"]]',
                (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
