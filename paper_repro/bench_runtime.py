@@ -14,7 +14,7 @@ Four figures, each printed and returned by `main(out_dir)`:
    4096 ranks (`collective_scaling`).  Target: < 5 ms at 4 ranks, W = 256.
 3. ``wait_fraction``: time a small training loop (`paper_repro.nets.lm.TinyLM`,
    world size 1, one preprocessing worker) waits on the loader, over its total
-   time.  Target: < 2 %.
+   time, the median of 3 passes.  Target: < 2 %.
 4. ``decision``: one rank's process replaying its core on the recorded collectives of 1024 ranks,
    W = 1024, GC on (`paper_repro.bench_decision`).  Targets: median < 1 ms and p99 < 5 ms per round for the
    policy's time and for the whole decision (decoding the N headers and the WAIT row;
@@ -240,7 +240,18 @@ class _Tokenizing(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": [-100] * (n // 4) + ids[n // 4:]}
 
 
-def training_wait(num_samples: int = 600, window: int = 64, budget: int = 2048) -> dict:
+def training_wait(num_samples: int = 600, window: int = 64, budget: int = 2048, passes: int = 3) -> dict:
+    """The share of a small training loop's time spent waiting on the loader, over `passes` identical passes:
+    the median pass's figures, with every pass's fraction beside them (one pass of 91 steps measured 0.4-2.4% on
+    the same code within the hour: a single pass decides the target by chance)."""
+    runs = sorted((_training_pass(num_samples, window, budget) for _ in range(passes)),
+                  key=lambda r: r["wait_fraction"])
+    out = dict(runs[len(runs) // 2])
+    out.update(passes=passes, wait_fraction_each_pass=[round(r["wait_fraction"], 4) for r in runs])
+    return out
+
+
+def _training_pass(num_samples: int, window: int, budget: int) -> dict:
     from paper_repro.nets.lm import LMConfig, TinyLM
 
     torch.manual_seed(0)
