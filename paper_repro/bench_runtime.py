@@ -84,26 +84,21 @@ class _TimedPolicy(BalancedPolicy):
         super().__init__()
         self.seconds = 0.0
 
-    def summarize(self, window, cost, exhausted):
+    def _timed(self, fn, *a, **k):
         t0 = time.perf_counter()
         try:
-            return super().summarize(window, cost, exhausted)
+            return fn(*a, **k)
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def summarize(self, window, cost, exhausted):
+        return self._timed(super().summarize, window, cost, exhausted)
 
     def propose(self, summaries, window):
-        t0 = time.perf_counter()
-        try:
-            return super().propose(summaries, window)
-        finally:
-            self.seconds += time.perf_counter() - t0
+        return self._timed(super().propose, summaries, window)
 
     def partition(self, window, target, real, cost, *, summaries=None):
-        t0 = time.perf_counter()
-        try:
-            return super().partition(window, target, real, cost, summaries=summaries)
-        finally:
-            self.seconds += time.perf_counter() - t0
+        return self._timed(super().partition, window, target, real, cost, summaries=summaries)
 
 
 def _noop_collate(samples):

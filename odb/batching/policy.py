@@ -225,6 +225,7 @@ class _Order(NamedTuple):
     by_fill: list[int]          # the k in decreasing fill, ties by k
     place: list[int]            # place[k]: k's index in `by_fill`
     by_bucket: list[list[int]]  # per fill bucket, its k: most real tokens per unit of cost first, ties by k
+    groups: int                 # all the window's groups, the open one included
 
 
 class _Round(NamedTuple):
@@ -345,7 +346,7 @@ class BalancedPolicy:
         by_bucket: list[list[int]] = [[] for _ in range(NUM_BUCKETS)]
         for k in sorted(range(len(closed)), key=density.__getitem__, reverse=True):  # stable: ties by k
             by_bucket[bucket[k]].append(k)
-        memo.append(_Order(closed, by_fill, place, by_bucket))
+        memo.append(_Order(closed, by_fill, place, by_bucket, len(gs)))
         return memo[0]
 
     def _slots(self, summaries: Sequence[Sequence[int]]) -> tuple["np.ndarray", tuple[list[int], list[list[bool]]]]:
@@ -396,13 +397,9 @@ class BalancedPolicy:
     # -- AlignmentPolicy -------------------------------------------------------
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
         """This rank's summary (layout in the class docstring); pure in its arguments."""
-        gs, buckets = self._packed(window, cost)
-        self._ordered(window, cost)  # what `partition` reads of the window alone, before the collective
-        hist = [0] * NUM_BUCKETS
-        for g, b in zip(gs, buckets):
-            if g.closed:
-                hist[b] += 1
-        return [SUMMARY_TAG, len(window), int(bool(exhausted)), sum(hist), len(gs), *hist]
+        o = self._ordered(window, cost)  # also what `partition` reads of the window alone, before the collective
+        hist = list(map(len, o.by_bucket))  # closed groups per fill bucket
+        return [SUMMARY_TAG, len(window), int(bool(exhausted)), len(o.closed), o.groups, *hist]
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
         """The round's target ``T`` (module docstring) from the gathered summaries and the window

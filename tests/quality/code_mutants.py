@@ -489,8 +489,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                ("tests/test_batching_sim.py::test_a_policy_that_sorts_the_window_it_is_handed_changes_no_batch",),
                "the policy's summarize is handed the list the partition reads: a policy reordering it moves the batches"),
     CodeMutant("loader_figure_drops_the_summaries", "paper_repro/bench_runtime.py",
-               "return super().partition(window, target, real, cost, summaries=summaries)",
-               "return super().partition(window, target, real, cost)",
+               "return self._timed(super().partition, window, target, real, cost, summaries=summaries)",
+               "return self._timed(super().partition, window, target, real, cost)",
                ("tests/test_bench_runtime.py::test_the_loader_figures_timed_policy_emits_the_default_policys_batches",),
                "the loader benchmark's timed policy partitions without the gathered summaries (a sibling's path)"),
     # -- pooled windows (odb.core.pool) --------------------------------------------------------------------------
