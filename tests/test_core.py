@@ -1,6 +1,7 @@
 """The pure rank core (`odb.core`): the named header, the compared settings, the replicated decision."""
 
 import dataclasses
+import os
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -286,17 +287,61 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
 
 
 def test_a_released_batchs_step_info_is_the_dataclass_built_as_usual():
-    """`step_info` (the release's fast build) gives what ``StepInfo(...)`` gives: equal, the same repr, frozen;
-    a field left out is refused."""
+    """`step_info` (the release's fast build) gives what ``StepInfo(...)`` gives from the same fields in the
+    dataclass's order: equal, the same repr, frozen; its parameters are the dataclass's fields in that order, so a
+    field added or moved cannot land in another's place; a field left out is refused."""
+    import inspect
+
     from odb.core.info import StepInfo, step_info
 
+    names = [f.name for f in dataclasses.fields(StepInfo)]
+    assert list(inspect.signature(step_info).parameters) == names
     fields = dict(indices=(4, 9), filler=False, local_samples=2, global_samples=7, local_tokens=30, global_tokens=99,
                   local_label_tokens=20, global_label_tokens=70, loss_scale=0.5, step=3, round=1, epoch=2)
-    fast, slow = step_info(**fields), StepInfo(**fields)
+    assert list(fields) == names  # every value distinct: two fields crossed would differ
+    fast, slow = step_info(*fields.values()), StepInfo(**fields)
     assert fast == slow and repr(fast) == repr(slow) and dataclasses.asdict(fast) == fields
+    assert vars(fast) == fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.step = 4
-    with pytest.raises(TypeError, match="fields"):
-        step_info(**{k: v for k, v in fields.items() if k != "epoch"})
-    with pytest.raises(TypeError, match="fields"):  # as many fields, one misnamed
-        step_info(**{("epochs" if k == "epoch" else k): v for k, v in fields.items()})
+    with pytest.raises(TypeError):
+        step_info(*list(fields.values())[:-1])
+
+
+def test_no_round_imports_a_module_after_the_first():
+    """A module imported lazily inside the decision stalls that round once per process, mid-epoch (numpy 2.4's
+    ``np.unique`` imported ``numpy.ma``, 12-22 ms, in the first end-game deal).  A fresh process runs 64 dealt
+    ranks through the level-order end game; no round after the first imports a module."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        from odb.batching import deal
+        from odb.batching.cost import make_cost_model
+        from odb.core.sim import simulate
+
+        calls, seen, late = [0], {}, set()
+        level_order = deal.level_order
+        def counted(*a, **k):
+            calls[0] += 1
+            return level_order(*a, **k)
+        deal.level_order = counted
+        def on_round(k, posts):
+            if k == 1:
+                seen["mods"] = set(sys.modules)
+            elif k > 1:
+                late.update(set(sys.modules) - seen["mods"])
+        lens = [(64 + (i * 7919) % 1900,) for i in range(64 * 768)]  # the end game in round 5
+        r = simulate([[] for _ in range(64)], make_cost_model("padded", 8192), window=128, deal=lens, on_round=on_round)
+        late.update(set(sys.modules) - seen["mods"])  # the last rounds' collects ran after the last on_round
+        print(calls[0], r.rounds, sorted(late))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this tree's odb, also in a mutant's copy
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    calls, rounds, late = out.stdout.split(" ", 2)
+    assert int(calls) >= 1 and int(rounds) > 2  # the end game ran through level_order
+    assert late.strip() == "[]", f"modules imported after the first round: {late}"

@@ -60,18 +60,23 @@ class StepInfo:
     epoch: int
 
 
-_FIELDS = frozenset(StepInfo.__dataclass_fields__)
-
-
-def step_info(**fields: Any) -> StepInfo:
-    """``StepInfo(**fields)``, exactly its fields given by name, without the frozen dataclass's ``__init__``, which
-    sets each field through ``object.__setattr__`` (3.9 against 1.4 us, for each of a round's ~50 batches at
-    N = 1,024).  The instance is the same: equal, immutable, its fields in its ``__dict__``."""
-    if fields.keys() != _FIELDS:
-        raise TypeError(f"step_info needs exactly StepInfo's fields {sorted(_FIELDS)}, got {sorted(fields)}")
-    info = object.__new__(StepInfo)
-    info.__dict__.update(fields)
+def step_info(indices: tuple, filler: bool, local_samples: int, global_samples: int, local_tokens: int,
+              global_tokens: int, local_label_tokens: int, global_label_tokens: int, loss_scale: float, step: int,
+              round: int, epoch: int) -> StepInfo:
+    """``StepInfo(...)`` from its fields in declaration order, positional only in use: without the frozen
+    dataclass's ``__init__``, which sets each field through ``object.__setattr__`` (0.75 against 3.9 us, for each
+    of a round's ~58 batches at N = 1,024).  The instance is the same: equal, immutable, its fields in its
+    ``__dict__``; a test checks the parameters are the dataclass's fields in its order."""
+    info = _new(StepInfo)
+    _set(info, "__dict__", {
+        "indices": indices, "filler": filler, "local_samples": local_samples, "global_samples": global_samples,
+        "local_tokens": local_tokens, "global_tokens": global_tokens, "local_label_tokens": local_label_tokens,
+        "global_label_tokens": global_label_tokens, "loss_scale": loss_scale, "step": step, "round": round,
+        "epoch": epoch})
     return info
+
+
+_new, _set = object.__new__, object.__setattr__
 
 
 def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:

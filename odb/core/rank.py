@@ -26,7 +26,7 @@ final stop) returns every rank's counts for them, then released with their globa
 from __future__ import annotations
 
 from itertools import chain, compress
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import call_partition, check_partition, summaries_for
@@ -74,6 +74,7 @@ class Item(NamedTuple):
 
 
 _SIZES = attrgetter("sizes")
+_SECOND = itemgetter(1)
 
 
 class Batch:
@@ -421,24 +422,29 @@ class RankCore:
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
         held, self._held = self._lanes(self._held), []
-        totals = self._totals  # the collective's sum over the ranks
+        totals, tokens_max, ws, slot = self._totals, self._tokens_max, self.world_size, self.loss_slot
+        own, rnd, epoch, step = self.lane or 0, self._posted - 2, self.epoch, self._steps
+        stats = self.stats  # its running sums in locals, written back once: the same float additions in order
+        t_max, t_mean, zero, labels, samples = (stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps,
+                                                self._labels_seen, self._samples_seen)
         for k, b in held:
             g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
-            loc, basis_g = b.counts, g[self.loss_slot]
-            scale = 0.0 if b.filler or basis_g == 0 else self.world_size * loc[self.loss_slot] / basis_g
-            if b.lane == (self.lane or 0):  # a step's global figures once (the pool's one core: at lane 0)
-                if g[0] > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
-                    self.stats.step_tokens_max += self._tokens_max[k]
-                    self.stats.step_tokens_mean += g[0] / self.world_size
-                if self.loss_slot == 1 and g[0] > 0 and g[1] == 0:
-                    self.stats.zero_label_steps += 1
-                self._labels_seen += g[1]
-                self._samples_seen += g[2]
-            b.info = step_info(indices=() if b.filler else b.indices, filler=b.filler, local_samples=loc[2],
-                              global_samples=g[2], local_tokens=loc[0], global_tokens=g[0],
-                              local_label_tokens=loc[1], global_label_tokens=g[1], loss_scale=scale,
-                              step=self._steps, round=self._posted - 2, epoch=self.epoch)
-            self._steps += 1
+            g0, g1, g2 = g
+            loc, basis_g, filler = b.counts, g[slot], b.indices is None
+            scale = 0.0 if filler or basis_g == 0 else ws * loc[slot] / basis_g
+            if b.lane == own:  # a step's global figures once (the pool's one core: at lane 0)
+                if g0 > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
+                    t_max += tokens_max[k]
+                    t_mean += g0 / ws
+                    if slot == 1 and g1 == 0:
+                        zero += 1
+                labels += g1
+                samples += g2
+            b.info = step_info(() if filler else b.indices, filler, loc[2], g2, loc[0], g0, loc[1], g1, scale, step,
+                               rnd, epoch)
+            step += 1
+        stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps = t_max, t_mean, zero
+        self._labels_seen, self._samples_seen, self._steps = labels, samples, step
         if self.loss_slot == 1 and self._labels_seen == 0 and self._samples_seen > 0 and (
                 self._samples_seen >= NO_LABELS_AFTER or final):
             if self.status == OK:
@@ -448,7 +454,7 @@ class RankCore:
                 "not one label token (labels all -100, or shift_labels=True on one-token labels): with "
                 "loss_basis='label_tokens' every loss_scale would be 0 and the model would never change. Give "
                 "the samples 'labels', or pass loss_basis='tokens'")
-        return tuple(b for _, b in held), None
+        return tuple(map(_SECOND, held)), None
 
     def _lanes(self, held: list[Batch]) -> list[tuple[int, Batch]]:
         """(step index in the round, batch) of this lane's batches of the round in step order (every
