@@ -540,3 +540,18 @@ def test_at_the_epoch_end_the_open_slots_take_the_costliest_groups_first():
     t, prof, parts = _partitions([[(600,), (450,), (450,), (300,), (300,), (300,)], [(550,), (560,)]], (False, True))
     assert (t, prof) == (2, [])
     assert parts == [[[1, 2], [3, 4, 5]], [[1], [0]]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 40), st.sampled_from([0.0, -0.0, 1.5, 2.0, 7.25])), min_size=0, max_size=400),
+       st.booleans(), st.integers(0, 700))
+def test_the_longest_first_order_is_the_stable_reversed_sort(vals, ints_only, pad):
+    """`grouping._longest_first` (a stable argsort from 65 values on) orders exactly as ``sorted(range(n),
+    key=vals.__getitem__, reverse=True)``: largest first, ties in position order, -0.0 tied with 0.0; many ties,
+    so an unstable sort would differ."""
+    from odb.batching.grouping import _longest_first
+
+    vals = vals + [3] * pad  # windows of 65 and more take the argsort (hypothesis's lists are mostly shorter)
+    if ints_only:
+        vals = [int(v) for v in vals]
+    assert _longest_first(vals) == sorted(range(len(vals)), key=vals.__getitem__, reverse=True)

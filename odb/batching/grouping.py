@@ -24,7 +24,10 @@ model evaluations for the built-in kinds (O(W * group size) for a callable).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from .base import CostModel, Sizes
 from .cost import BudgetCost
@@ -48,7 +51,10 @@ def _weights(window: Sequence[Sizes], cost: CostModel) -> list[float]:
         if len(res) == 1:
             r = res[0]
             i = r.index
-            lens = [(s[i] if i < len(s) else 0) for s in window]
+            try:  # every sample has this resource (the common case): one C-level pass
+                lens = list(map(itemgetter(i), window))
+            except IndexError:  # a sample without it has none of it
+                lens = [(s[i] if i < len(s) else 0) for s in window]
             return [r.a * L + r.b * L * L for L in lens] if r.kind == "quadratic" else lens
         return [max(r.cost([s]) / r.budget for r in res) for s in window]
     return [cost.utilisation([s]) for s in window]
@@ -60,7 +66,13 @@ def order_longest_first(window: Sequence[Sizes], cost: CostModel) -> list[int]:
 
 
 def _longest_first(vals: list[float]) -> list[int]:
-    """Positions by `vals`, largest first; a stable sort keeps ties in position order, also with reverse=True."""
+    """Positions by `vals`, largest first, ties in position order: ``sorted(range(n), key=vals.__getitem__,
+    reverse=True)`` (stable also reversed), from a window of 64 on as a stable argsort of the negated values
+    (negation is exact for int64 and float64, and the two compare alike: -0.0 ties with 0.0 in both)."""
+    if len(vals) > 64:
+        a = np.array(vals)
+        if a.dtype.kind in "if":  # Python ints within int64, or floats (a cost is never NaN)
+            return np.argsort(-a, kind="stable").tolist()
     return sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
 
 
@@ -94,8 +106,11 @@ def _pack_padded(order: list[int], vals: list[float], B: float) -> list[Group]:
         g = tuple(order[i:i + cap])
         i += len(g)
         closed = i < n or len(g) == cap
-        out.append(Group(g, closed, len(g) * top / B))
+        out.append(_group(Group, (g, closed, len(g) * top / B)))
     return out
+
+
+_group = tuple.__new__  # a `Group` from its three fields, without NamedTuple's Python-level __new__
 
 
 def _pack_additive(order: list[int], vals: list[float], B: float, moments: list | None) -> list[Group]:
