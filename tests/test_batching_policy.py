@@ -555,3 +555,5 @@ def test_the_longest_first_order_is_the_stable_reversed_sort(vals, ints_only, pa
     if ints_only:
         vals = [int(v) for v in vals]
     assert _longest_first(vals) == sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+    big = [2 ** 53 + 1, float(2 ** 53)] * 40  # as float64 the two tie; Python orders them
+    assert _longest_first(big) == sorted(range(len(big)), key=big.__getitem__, reverse=True)

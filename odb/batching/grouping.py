@@ -68,10 +68,12 @@ def order_longest_first(window: Sequence[Sizes], cost: CostModel) -> list[int]:
 def _longest_first(vals: list[float]) -> list[int]:
     """Positions by `vals`, largest first, ties in position order: ``sorted(range(n), key=vals.__getitem__,
     reverse=True)`` (stable also reversed), from a window of 64 on as a stable argsort of the negated values
-    (negation is exact for int64 and float64, and the two compare alike: -0.0 ties with 0.0 in both)."""
+    (negation is exact for int64 and float64, and the two compare alike: -0.0 ties with 0.0 in both).  Floats
+    only below 2^53 in magnitude, where an int among them converts exactly (Python compares int and float
+    exactly; a rounded conversion could tie two values the sort orders)."""
     if len(vals) > 64:
         a = np.array(vals)
-        if a.dtype.kind in "if":  # Python ints within int64, or floats (a cost is never NaN)
+        if a.dtype.kind == "i" or (a.dtype.kind == "f" and float(np.abs(a).max()) < 2.0 ** 53):  # never NaN
             return np.argsort(-a, kind="stable").tolist()
     return sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
 
