@@ -67,7 +67,7 @@ import numpy as np
 from ..errors import ConfigError, ProtocolError
 from .base import CostModel, Sizes
 from .cost import QUADRATIC_B, BudgetCost
-from .grouping import Group, pack
+from .grouping import Group, _group, pack
 
 __all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "OVER", "fill_bucket",
            "over_slots", "aligned_fill", "attention_coefficient"]
@@ -105,9 +105,6 @@ def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: flo
         raise ConfigError(f"attention_coefficient needs positive sizes, got {num_layers}, {hidden_size}, "
                           f"{num_parameters}")
     return num_layers * hidden_size / float(num_parameters)
-
-
-_group = tuple.__new__  # builds a `Group` from its three fields without NamedTuple's Python-level __new__
 
 
 def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostModel,

@@ -430,7 +430,7 @@ class RankCore:
         for k, b in held:
             g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
             g0, g1, g2 = g
-            loc, basis_g, filler = b.counts, g[slot], b.indices is None
+            loc, basis_g, filler = b.counts, g[slot], b.filler
             scale = 0.0 if filler or basis_g == 0 else ws * loc[slot] / basis_g
             if b.lane == own:  # a step's global figures once (the pool's one core: at lane 0)
                 if g0 > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
