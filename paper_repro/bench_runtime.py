@@ -22,7 +22,9 @@ Four figures, each printed and returned by `main(out_dir)`:
    ``decision_pooled``: the same for pooled windows at the default's window memory (`POOLED`:
    ``pool_size=8``, W = 128 per rank, a pool's window of 1,024), checked against the same targets.
 
-Not a test: numbers depend on the machine and its load; misses are reported, not asserted.
+Not a test: numbers depend on the machine and its load; misses are reported, not asserted.  The machine block
+names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`): the hosts
+this project runs on differ by about 2x in it, and two result files compare by its ratio.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
 """
 
@@ -274,15 +276,18 @@ def _training_pass(num_samples: int, window: int, budget: int) -> dict:
 def main(out_dir) -> dict:
     """Measure the three figures, print them, write ``runtime_overhead.json`` into `out_dir`."""
     torch.set_num_threads(1)
+    from .cpu import cpu_model, reference_ms
     from .provenance import stamp
 
-    figures = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
-                           "load_average_1min_at_start": os.getloadavg()[0]}, "provenance": stamp()}
+    figures = {"machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "torch": torch.__version__,
+                           "load_average_1min_at_start": os.getloadavg()[0], "reference_ms_at_start": reference_ms()},
+               "provenance": stamp()}
     figures["loader"] = loader_overhead()
     figures["collective"] = collective_scaling()
     figures["training"] = training_wait()
     figures["decision"] = bench_decision.decision_at_scale()
     figures["decision_pooled"] = bench_decision.decision_at_scale(**POOLED)
+    figures["machine"]["reference_ms_at_end"] = reference_ms()
     dec = figures["decision"]
     c4 = next(r["ms_per_round_median"] for r in figures["collective"]["runs"]
               if r["world_size"] == 4 and r["window"] == 256 and r["runtime"])
@@ -303,6 +308,10 @@ def main(out_dir) -> dict:
             figures["targets"][name] = [round(d[part][stat], 3), d["verdicts"][k]]
             figures["explain"][name] = "rounds' medians " + ", ".join(
                 f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms"
+    m = figures["machine"]
+    print(f"machine: {m['cpu_model']}, {m['cpus']} CPUs; reference workload (`paper_repro.cpu.reference_ms`) "
+          f"{m['reference_ms_at_start']:.1f} ms at the start, {m['reference_ms_at_end']:.1f} ms at the end: "
+          "the absolute figures below scale with it")
     for r in figures["collective"]["runs"]:
         print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} {r['mode']:>6}"
               f"{' (runtime)' if r['runtime'] else ''} ({r['header_ints']} + {r['reduced_ints']} ints): round "

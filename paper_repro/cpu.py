@@ -16,6 +16,11 @@ splits the loop's wall time so a reader can tell that artifact from a batching e
 Every figure is in CPU seconds; divide by the loop's wall time for a share of one core.  Outside
 Linux the /proc readings are None and reported as such (``time.thread_time`` and ``getrusage``
 still work).
+
+`reference_ms` and `cpu_model` say which machine a benchmark ran on: the absolute figures of
+`paper_repro.bench_runtime` (microseconds per sample, milliseconds per decision) move with the
+machine by a factor of two between the hosts this project is measured on, so a result file
+carries the time of one fixed workload beside them, and two files compare by their ratio.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import resource
 import threading
 import time
 
-__all__ = ["LoopMeter", "thread_cpu_s", "machine_busy_s", "ENGINE_PREFIX"]
+__all__ = ["LoopMeter", "thread_cpu_s", "machine_busy_s", "reference_ms", "cpu_model", "ENGINE_PREFIX"]
 
 ENGINE_PREFIX = "odb-engine-rank"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -51,6 +56,51 @@ def machine_busy_s() -> float | None:
         return None
     # user nice system idle iowait irq softirq steal (guest time is already inside user)
     return (sum(vals[:8]) - vals[3] - vals[4]) / _TICK
+
+
+# What `_reference` returns: a changed workload changes it, and its times stop comparing with older files.
+REFERENCE_CHECKSUM = 488884
+
+
+def _reference() -> int:
+    """A fixed single-threaded workload of the kind the loader's decision does (Python ints, lists, a keyed
+    sort, a dict): 100,000 values from a linear congruential generator, their order, a histogram."""
+    x, vals = 12345, []
+    for _ in range(100_000):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        vals.append(x >> 8)
+    order = sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
+    hist: dict[int, int] = {}
+    for i in order[:50_000]:
+        hist[vals[i] & 1023] = hist.get(vals[i] & 1023, 0) + i
+    return sum(hist.values()) % 1_000_003
+
+
+def reference_ms(repeats: int = 7) -> float:
+    """Milliseconds of `_reference`, the least of `repeats` runs (the least: what the machine can do, as
+    the loader's figure is the least of its passes).  Raises RuntimeError if the workload's result is not
+    `REFERENCE_CHECKSUM`."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        got = _reference()
+        best = min(best, time.perf_counter() - t0)
+        if got != REFERENCE_CHECKSUM:
+            raise RuntimeError(f"the reference workload returned {got}, not {REFERENCE_CHECKSUM}: it changed, "
+                               "and its times no longer compare with older result files")
+    return 1e3 * best
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (None outside Linux or if it has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def _process_cpu_s() -> float:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from paper_repro import cache_cost, repro_stats as st
+from paper_repro import cache_cost, cpu, repro_stats as st
 from paper_repro.cpu import ENGINE_PREFIX, LoopMeter
 from paper_repro.report import verdict
 from paper_repro.train import keep_attempt, rerun, round_order
@@ -158,6 +158,15 @@ def test_loop_meter_charges_an_engine_thread_to_the_loader_and_the_training_thre
     assert r["main_cpu_s"] == pytest.approx(0.15, abs=0.05)
     assert r["proc_cpu_s"] >= r["main_cpu_s"] + r["loader_cpu_s"] - 0.03
     assert r["machine_busy_s"] >= 0.3
+
+
+def test_the_reference_workload_is_fixed_and_a_changed_one_is_refused(monkeypatch):
+    # result files compare by the reference's time only while the workload stays the same
+    assert cpu._reference() == cpu.REFERENCE_CHECKSUM
+    assert cpu.reference_ms(1) > 0
+    monkeypatch.setattr(cpu, "_reference", lambda: cpu.REFERENCE_CHECKSUM + 1)
+    with pytest.raises(RuntimeError, match="changed"):
+        cpu.reference_ms(1)
 
 
 def test_every_grid_spec_is_valid_and_meets_the_stated_repeat_and_gauge_targets():
