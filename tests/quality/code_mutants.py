@@ -567,6 +567,15 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "            if False:\n",
                ("tests/test_epoch_end.py::test_flow_prototype_decides_the_rounds_some_rank_ran_dry",),
                "the flow-until-all prototype decides every round as the default does"),
+    # -- the benchmark's machine reference (paper_repro.cpu) ----------------------------------------------------
+    CodeMutant("reference_result_unchecked", "paper_repro/cpu.py", "        if got != REFERENCE_CHECKSUM:\n",
+               "        if False:\n",
+               ("tests/test_repro_stats.py::test_the_reference_workload_is_fixed_and_a_changed_one_is_refused",),
+               "a changed reference workload is timed anyway (result files would compare unlike work)"),
+    CodeMutant("reference_workload_shortened", "paper_repro/cpu.py", "for i in order[:50_000]:",
+               "for i in order[:40_000]:",
+               ("tests/test_repro_stats.py::test_the_reference_workload_is_fixed_and_a_changed_one_is_refused",),
+               "the reference workload does less work under the same checksum constant"),
 )
 
 
