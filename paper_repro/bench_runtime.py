@@ -23,8 +23,8 @@ Four figures, each printed and returned by `main(out_dir)`:
    ``pool_size=8``, W = 128 per rank, a pool's window of 1,024), checked against the same targets.
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.  The machine block
-names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`): the hosts
-this project runs on differ by about 2x in it, and two result files compare by its ratio.
+names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`): the loader's
+figure of one tree was 50.4 us one day and 22.0 the next, and two result files compare by its ratio.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
 """
 

@@ -19,8 +19,8 @@ still work).
 
 `reference_ms` and `cpu_model` say which machine a benchmark ran on: the absolute figures of
 `paper_repro.bench_runtime` (microseconds per sample, milliseconds per decision) move with the
-machine by a factor of two between the hosts this project is measured on, so a result file
-carries the time of one fixed workload beside them, and two files compare by their ratio.
+machine (the loader's figure of one tree by a factor of two from one day to the next), so a result
+file carries the time of one fixed workload beside them, and two files compare by their ratio.
 """
 
 from __future__ import annotations
