@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from odb.batching import (AlignmentPolicy, BalancedPolicy, attention_coefficient, call_partition, check_partition,
                           default_policy, make_cost_model, pack)
 from odb.batching.grouping import Group
-from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, aligned_fill, fill_bucket, over_slots
+from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, _EDGES, _fill_buckets, aligned_fill, fill_bucket, over_slots
 from odb.core.shared import describe_policy
 from odb.errors import ConfigError, ProtocolError
 from odb.core.sim import simulate
@@ -330,6 +330,57 @@ def test_fill_buckets_are_ordered_costliest_first():
     fills = [3.5, 2.5, 1.6, 1.3, 1.15, 1.05, 1.0, 0.97, 0.8, 0.6, 0.5, 0.1]
     b = [fill_bucket(f) for f in fills]
     assert b == sorted(b) and b[0] == 0 and b[-1] == NUM_BUCKETS - 1 and len(set(b)) == len(b) - 1
+
+
+# fills a bucketing can get wrong: the edges, half a thousandth either side of them (round half to even), and
+# lone over-budget samples of many budgets
+_EDGE_FILLS = [(e + d) / 1000 for e in _EDGES[1:] for d in (-0.7, -0.5, -0.3, 0, 0.3, 0.5, 0.7)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(fills=st.lists(st.one_of(st.sampled_from(_EDGE_FILLS), st.floats(0, 12), st.floats(0, 1e12)),
+                      min_size=65, max_size=200))
+def test_the_window_buckets_its_groups_as_fill_bucket_does_one_by_one(fills):
+    # past 64 groups the buckets come from one numpy pass (below, from fill_bucket itself)
+    assert _fill_buckets(fills) == [fill_bucket(f) for f in fills]
+    assert _fill_buckets(_EDGE_FILLS * 2) == [fill_bucket(f) for f in _EDGE_FILLS * 2]  # every edge, every side
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_fill_that_is_not_finite_raises_in_a_long_window_as_in_a_short_one(bad):
+    with pytest.raises((ValueError, OverflowError)):
+        fill_bucket(bad)
+    with pytest.raises((ValueError, OverflowError)):
+        _fill_buckets([0.5] * 70 + [bad])
+
+
+@settings(max_examples=60, deadline=None)
+@given(window=st.lists(st.tuples(st.integers(0, 12000)), min_size=100, max_size=400),
+       attention=st.sampled_from([1 / 24576, 1 / 1000, 0.01]))
+def test_the_attention_aware_fill_of_many_groups_is_the_fill_of_each(window, attention):
+    # past 64 groups the padded fill is computed elementwise in numpy: the same values, to the bit, as in
+    # chunks of 64 (each computed group by group)
+    cost = _cost("padded", 8192)
+    groups = pack(window, cost)
+    chunks = [g for i in range(0, len(groups), 64) for g in aligned_fill(groups[i:i + 64], window, cost, attention)]
+    assert aligned_fill(groups, window, cost, attention) == chunks
+
+
+def test_many_groups_of_exactly_the_budget_stay_within_it_under_the_attention_aware_fill():
+    for budget in range(1000, 20000, 7):  # as the test above, with 65 groups: the numpy path
+        cost = _cost("padded", budget)
+        w = [(budget,)] * 65
+        assert max(g.fill for g in aligned_fill(pack(w, cost), w, cost, 1 / 24576)) <= 1.0, budget
+
+
+def test_the_fullest_first_order_breaks_ties_by_the_groups_order():
+    pol, cost = default_policy(), _cost("padded", 2000)
+    window = [(400,)] * 50 + [(1000,)] * 20 + [(500,)] * 40  # groups of 5 x 400, 2 x 1000, 4 x 500: all full
+    o = pol._ordered(window, cost)
+    fills = [g.fill for g in o.closed]
+    assert len(set(fills)) < len(fills)  # ties to break
+    assert o.by_fill == sorted(range(len(fills)), key=lambda k: (-fills[k], k))
+    assert [o.place[k] for k in o.by_fill] == list(range(len(fills)))
 
 
 def test_summary_length_does_not_depend_on_the_window():

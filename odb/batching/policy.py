@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from itertools import groupby
+from itertools import groupby, repeat
 from operator import itemgetter, mul
 from typing import NamedTuple, Sequence
 
@@ -95,6 +95,20 @@ def fill_bucket(fill: float) -> int:
     return bisect_right(_NEG_LOWER, -int(round(1000 * fill)))
 
 
+_NEG_LOWER_A = np.array(_NEG_LOWER, dtype=np.int64)
+
+
+def _fill_buckets(fills: list[float]) -> list[int]:
+    """``[fill_bucket(f) for f in fills]``, past 64 fills in one numpy pass: ``np.rint`` rounds half to
+    even as `round` does.  A fill that is not finite or past 10^15 budgets takes `fill_bucket` (which raises
+    on NaN and infinity, as before; int64 holds the thousandths exactly only below that)."""
+    if len(fills) > 64:
+        t = 1000.0 * np.array(fills, dtype=np.float64)
+        if np.abs(t).max() < 1e18:  # False for NaN
+            return np.searchsorted(_NEG_LOWER_A, -np.rint(t).astype(np.int64), side="right").tolist()
+    return [fill_bucket(f) for f in fills]
+
+
 def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: float) -> float:
     """``a`` for a decoder of `num_layers` layers of width `hidden_size` and `num_parameters` weights:
     ``num_layers * hidden_size / num_parameters``.  Causal attention costs about ``6 num_layers
@@ -122,6 +136,12 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
     B = r.budget
     if r.kind == "padded":  # a group's plain fill is n Lmax / B: its longest is fill B / n, no pass over samples
         scale = 1.0 / (1.0 + a * B)
+        if len(groups) > 64:  # the same float operations in the same order, elementwise (IEEE: the same values)
+            f = np.array(list(map(itemgetter(2), groups)), dtype=np.float64)
+            n = np.array(list(map(len, map(itemgetter(0), groups))), dtype=np.float64)
+            al = f * (1.0 + a * f * B / n) * scale
+            return list(map(_group, repeat(Group), zip(map(itemgetter(0), groups), map(itemgetter(1), groups),
+                                                       np.where(f > 1.0, al, np.minimum(al, f)).tolist())))
         return [_group(Group, (g.positions, g.closed, _within(g.fill, g.fill * (1.0 + a * g.fill * B / len(g.positions))
                                                                * scale)))
                 for g in groups]
@@ -319,7 +339,7 @@ class BalancedPolicy:
             return m[2], m[3]
         moments: list = []
         g = aligned_fill(pack(window, cost, moments), window, cost, self.attention, moments)
-        self._memo = (key, cost, g, [fill_bucket(x.fill) for x in g], [])
+        self._memo = (key, cost, g, _fill_buckets(list(map(itemgetter(2), g))), [])
         return self._memo[2], self._memo[3]
 
     def _ordered(self, window: Sequence[Sizes], cost: CostModel) -> _Order:
@@ -331,7 +351,8 @@ class BalancedPolicy:
             return memo[0]
         closed = [g for g in gs if g.closed]
         bucket = [b for g, b in zip(gs, buckets) if g.closed]
-        by_fill = sorted(range(len(closed)), key=lambda k: (-closed[k].fill, k))
+        fills = list(map(itemgetter(2), closed))
+        by_fill = sorted(range(len(closed)), key=fills.__getitem__, reverse=True)  # stable also reversed: ties by k
         place = [0] * len(closed)
         for i, k in enumerate(by_fill):
             place[k] = i
