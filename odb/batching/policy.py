@@ -99,14 +99,22 @@ _NEG_LOWER_A = np.array(_NEG_LOWER, dtype=np.int64)
 
 
 def _fill_buckets(fills: list[float]) -> list[int]:
-    """``[fill_bucket(f) for f in fills]``, past 64 fills in one numpy pass: ``np.rint`` rounds half to
-    even as `round` does.  A fill that is not finite or past 10^15 budgets takes `fill_bucket` (which raises
-    on NaN and infinity, as before; int64 holds the thousandths exactly only below that)."""
+    """``[fill_bucket(f) for f in fills]``, past 64 fills in one numpy pass (`_bucket_array`).  A fill that
+    is not finite or past 10^15 budgets takes `fill_bucket` (which raises on NaN and infinity, as before)."""
     if len(fills) > 64:
-        t = 1000.0 * np.array(fills, dtype=np.float64)
-        if np.abs(t).max() < 1e18:  # False for NaN
-            return np.searchsorted(_NEG_LOWER_A, -np.rint(t).astype(np.int64), side="right").tolist()
+        b = _bucket_array(np.array(fills, dtype=np.float64))
+        if b is not None:
+            return b.tolist()
     return [fill_bucket(f) for f in fills]
+
+
+def _bucket_array(f: "np.ndarray") -> "np.ndarray | None":
+    """`fill_bucket` of each fill in `f` (float64): ``np.rint`` rounds half to even as `round` does.  None
+    where some fill is not finite or past 10^15 budgets (int64 holds the thousandths exactly only below)."""
+    t = 1000.0 * f
+    if np.abs(t).max() < 1e18:  # False for NaN
+        return np.searchsorted(_NEG_LOWER_A, -np.rint(t).astype(np.int64), side="right")
+    return None
 
 
 def attention_coefficient(num_layers: int, hidden_size: int, num_parameters: float) -> float:
@@ -139,9 +147,8 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
         if len(groups) > 64:  # the same float operations in the same order, elementwise (IEEE: the same values)
             f = np.array(list(map(itemgetter(2), groups)), dtype=np.float64)
             n = np.array(list(map(len, map(itemgetter(0), groups))), dtype=np.float64)
-            al = f * (1.0 + a * f * B / n) * scale
             return list(map(_group, repeat(Group), zip(map(itemgetter(0), groups), map(itemgetter(1), groups),
-                                                       np.where(f > 1.0, al, np.minimum(al, f)).tolist())))
+                                                       _padded_aligned(f, n, a, B).tolist())))
         return [_group(Group, (g.positions, g.closed, _within(g.fill, g.fill * (1.0 + a * g.fill * B / len(g.positions))
                                                                * scale)))
                 for g in groups]
@@ -153,6 +160,13 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
         raise ValueError(f"{len(moments)} moments for {len(groups)} groups")
     return [_group(Group, (g.positions, g.closed, _within(g.fill, (s + a * q) / norm)))
             for g, (s, q) in zip(groups, moments)]
+
+
+def _padded_aligned(f: "np.ndarray", n: "np.ndarray", a: float, B: float) -> "np.ndarray":
+    """`aligned_fill`'s padded rule elementwise: plain fills `f` of groups of `n` samples (float64) under
+    budget `B`, the same float operations in the same order as group by group, `_within` included."""
+    al = f * (1.0 + a * f * B / n) * (1.0 / (1.0 + a * B))
+    return np.where(f > 1.0, al, np.minimum(al, f))
 
 
 def _within(plain: float, aligned: float) -> float:
@@ -233,6 +247,78 @@ def _fillable(within: int, own: Sequence[bool]) -> int:
             if within < 0:
                 return j
     return len(own)  # not reached: lent > within means some slot runs out
+
+
+_EXACT = 2.0 ** 53  # below it an int64 converts to float64 exactly, as Python's int / float converts
+
+
+def _padded_window(window: Sequence[Sizes], cost: CostModel, attention: float) -> tuple | None:
+    """``(groups, buckets, [order])`` of `window` under a one-resource padded budget past 64 samples: what
+    `pack`, `aligned_fill`, `_fill_buckets` and `BalancedPolicy._ordered` give, computed in array passes (the
+    same values: the same IEEE operations on the same exactly converted operands, stable sorts where the
+    reference sorts stably).  None where that does not hold (another cost, a small window, a sample without
+    the resource or its tokens, lengths that are not ints or are negative, a length times the window past
+    2^53, a budget not in (0, 2^53)): the reference path then computes them.  `summarize` runs it before
+    the round's collective; it is most of the policy's time per round at W = 1,024."""
+    if len(window) <= 64 or not isinstance(cost, BudgetCost) or len(cost.resources) != 1 \
+            or cost.resources[0].kind != "padded":
+        return None
+    r = cost.resources[0]
+    B = r.budget
+    if isinstance(B, bool) or not isinstance(B, (int, float)) or not 0 < B < _EXACT:
+        return None
+    n = len(window)
+    try:
+        lens = np.array(list(map(itemgetter(r.index), window)))
+        tok = lens if r.index == 0 else np.array(list(map(itemgetter(0), window)))
+    except (IndexError, TypeError):
+        return None
+    if lens.dtype.kind != "i" or tok.dtype.kind != "i" or lens.ndim != 1 or tok.ndim != 1:
+        return None
+    if int(lens.min()) < 0 or int(tok.min()) < 0 or int(lens.max()) * n >= _EXACT or int(tok.max()) * n >= _EXACT:
+        return None
+    order = np.argsort(-lens, kind="stable")  # `_longest_first`
+    ls = lens[order]
+    # `grouping._pack_padded`'s cap at every place, in int64: for an int top >= 1, ``B // top`` is exact below
+    # 2^53 (fmod is exact, B - fmod(B, top) a multiple of top) and floor(B / top) = floor(B) // top
+    cap = np.maximum(np.where(ls > 0, int(B) // np.maximum(ls, 1), n), 1)
+    nxt = np.minimum(np.arange(n) + cap, n).tolist()
+    starts = []
+    i = 0
+    while i < n:  # its walk: each group starts where the one before ended
+        starts.append(i)
+        i = nxt[i]
+    ol = order.tolist()
+    k = len(starts)
+    pos = list(map(tuple, map(ol.__getitem__, map(slice, starts, starts[1:] + [n]))))
+    st = np.array(starts, dtype=np.int64)
+    closed = [True] * k
+    closed[-1] = len(pos[-1]) == int(cap[starts[-1]])  # every group but the last ends before the window does
+    cnt = np.diff(np.append(st, n))
+    top_a = ls[st]
+    f = (cnt * top_a) / B  # `len(g) * top / B`
+    if attention:  # `aligned_fill`'s padded rule
+        f = _padded_aligned(f, cnt.astype(np.float64), float(attention), B)
+    bucket = _bucket_array(f)
+    if bucket is None:
+        return None
+    fills = f.tolist()
+    groups = list(map(_group, repeat(Group), zip(pos, closed, fills)))
+    m = k if closed[-1] else k - 1  # only the last group can be open: the closed ones are a prefix
+    cf, cb = f[:m], bucket[:m]
+    by_fill = np.argsort(-cf, kind="stable")
+    place = np.empty(m, dtype=np.int64)
+    place[by_fill] = np.arange(m)
+    if m:
+        end = starts[m] if m < k else n  # the open group's tokens are no closed group's
+        density = np.add.reduceat(tok[order[:end]], st[:m]) / np.maximum(cf, 1e-12)
+        d = np.argsort(-density, kind="stable")
+        ks = d[np.argsort(cb[d], kind="stable")].tolist()
+    else:
+        ks = []
+    edges = np.cumsum(np.bincount(cb, minlength=NUM_BUCKETS)).tolist()
+    by_bucket = [ks[lo:hi] for lo, hi in zip([0] + edges[:-1], edges)]
+    return groups, bucket.tolist(), [_Order(groups[:m], by_fill.tolist(), place.tolist(), by_bucket, k)]
 
 
 class _Order(NamedTuple):
@@ -337,6 +423,10 @@ class BalancedPolicy:
         m = self._memo
         if m is not None and m[1] is cost and m[0] == key:
             return m[2], m[3]
+        fast = _padded_window(window, cost, self.attention)
+        if fast is not None:  # the same groups, buckets and orders as below, in array passes
+            self._memo = (key, cost, *fast)
+            return self._memo[2], self._memo[3]
         moments: list = []
         g = aligned_fill(pack(window, cost, moments), window, cost, self.attention, moments)
         self._memo = (key, cost, g, _fill_buckets(list(map(itemgetter(2), g))), [])
