@@ -97,6 +97,14 @@ def test_pool_rows_refuse_lanes_that_posted_other_headers(field, value):
         pool_rows(rows[:3], 2, 0)
 
 
+def test_pool_rows_name_the_diverged_rank_behind_a_stopping_pool():
+    # pool 0 stops (its lanes may differ), pool 1 agrees, pool 2's lane 1 diverged: rank 5 is named, not rank 3
+    rows = _gathered([_h(st=1), _h(n=9), _h(), _h(), _h(), _h(cost=10)])
+    with pytest.raises(ProtocolError, match=r"pooled ranks diverged in round 2: rank 5 posted other \['cost'\] than rank 4"):
+        pool_rows(rows, 2, 2)
+    assert [r.st for r in pool_rows(_gathered([_h(st=1), _h(n=9), _h(), _h()]), 2, 0)] == [1, 0]
+
+
 def test_a_pools_over_budget_slots_come_in_multiples_of_its_ranks_so_a_step_holds_one_level():
     from odb.batching.policy import OVER, BalancedPolicy, default_policy, over_slots
 

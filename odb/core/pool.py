@@ -87,8 +87,9 @@ def pool_rows(rows: Headers, lanes: int, round_index: int) -> Headers:
     st = a[:, :, rows.layout.index["st"]].max(axis=1)
     live = st == 0
     if live.any():  # a pool none of whose lanes stops: every lane must have posted lane 0's header
-        p, j = np.nonzero((a[live] != a[live][:, :1]).any(axis=2))
-        if len(p):
+        b = a if live.all() else a[live]  # (every pool runs but at the end: no copy)
+        if (b[:, 1:] != b[:, :1]).any():  # one pass; the pool and lane at fault are found only then
+            p, j = np.nonzero((b != b[:, :1]).any(axis=2))
             p, j = int(np.flatnonzero(live)[p[0]]), int(j[0])
             h, h0 = rows[p * lanes + j], rows[p * lanes]
             bad = [f for f in Header._fields if getattr(h, f) != getattr(h0, f)]
