@@ -52,6 +52,7 @@ from odb.core.header import Gathered, Post, reduce_posts
 from odb.core.sim import replay_rank, simulate
 from odb.runtime.transport import counts_mode
 
+from .cpu import reference_ms
 from .distributions import sample_lengths
 
 __all__ = ["record", "replay", "as_rank_sees", "decision_at_scale", "TARGETS"]
@@ -202,6 +203,7 @@ def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int =
                        "reduced_ints": int(z["totals"].shape[1] + z["maxes"].shape[1]), "record_s": None}
         else:
             rec = record(a, path)
+        machine_ms = reference_ms()  # the machine's speed just before the replay (a run's hours differ)
         t0 = time.perf_counter()
         rows, frozen = (_replay_process(dict(a, gc_freeze=f), path) for f in (False, True))
         replay_s = time.perf_counter() - t0
@@ -209,7 +211,7 @@ def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int =
     mode = counts_mode(world, h, window)  # what the transport runs at this N and W, and receives per round
     got = world * (h + red * 3 // 4) if mode == "gather" else 2 * (world - 1) / world * (world * h + red)
     out = {**a, **rec, "replay_s": replay_s, "samples": len(rows), "header_bytes": 8 * h, "transport": mode,
-           "received_bytes": 8 * got}
+           "received_bytes": 8 * got, "reference_ms_before_replay": machine_ms}
     out.update(_parts(rows, rec["rounds"]))
     out["per_round"] = [{k: round(1e3 * v, 4) for k, v in r.items()} for r in rows]  # ms
     out["gc_frozen"] = _parts(frozen, rec["rounds"])

@@ -23,8 +23,9 @@ Four figures, each printed and returned by `main(out_dir)`:
    ``pool_size=8``, W = 128 per rank, a pool's window of 1,024), checked against the same targets.
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.  The machine block
-names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`): the loader's
-figure of one tree was 50.4 us one day and 22.0 the next, and two result files compare by its ratio.
+names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`), and each
+decision figure the same workload just before its replay: the loader's figure of one tree was 50.4 us one day
+and 22.0 the next, and within one run the workload's time moved by up to 27%.
 ``python -m paper_repro.bench_runtime [OUT_DIR]``.
 """
 
@@ -307,7 +308,8 @@ def main(out_dir) -> dict:
             name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
             figures["targets"][name] = [round(d[part][stat], 3), d["verdicts"][k]]
             figures["explain"][name] = "rounds' medians " + ", ".join(
-                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms"
+                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms; reference workload just before the " \
+                f"replay {d['reference_ms_before_replay']:.1f} ms"
     m = figures["machine"]
     print(f"machine: {m['cpu_model']}, {m['cpus']} CPUs; reference workload (`paper_repro.cpu.reference_ms`) "
           f"{m['reference_ms_at_start']:.1f} ms at the start, {m['reference_ms_at_end']:.1f} ms at the end: "
@@ -325,7 +327,8 @@ def main(out_dir) -> dict:
               + ", ".join(f"{p} median {d[p]['median_ms']:.3f} ms p99 {d[p]['p99_ms']:.3f} max {d[p]['max_ms']:.3f}"
                           f" (past the first two rounds: {d[p].get('later_median_ms', 0):.3f} / "
                           f"{d[p].get('later_p99_ms', 0):.3f})" for p in bench_decision.PARTS)
-              + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']})")
+              + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']}); reference "
+              f"workload just before the replay {d['reference_ms_before_replay']:.1f} ms")
         print(f"decision, the same after gc.freeze(): " + ", ".join(
             f"{p} median {d['gc_frozen'][p]['median_ms']:.3f} ms p99 {d['gc_frozen'][p]['p99_ms']:.3f}"
             for p in bench_decision.PARTS))

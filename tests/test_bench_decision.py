@@ -57,6 +57,7 @@ def test_decision_at_scale_end_to_end_on_a_small_point():
 
     out = decision_at_scale(world=4, window=16, budget=4096, per_rank=64, rounds=3, passes=2)
     assert out["rounds"] == 3 and out["samples"] == 6
+    assert out["reference_ms_before_replay"] > 0  # the machine's speed at the replay, beside the figures
     assert out["transport"] == "gather"  # 4 ranks: every rank's header and 3W counts gathered
     assert out["received_bytes"] == 4 * (out["header_bytes"] + 8 * 3 * 16)
     for part in ("policy", "collect", "decode", "decision", "local"):
