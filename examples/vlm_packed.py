@@ -1,13 +1,18 @@
 """A vision-language loop under a two-resource budget, text tokens and image patches (CPU, gloo; a tiny
 random Qwen2-VL, no download).
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 examples/vlm_packed.py [--packed]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 examples/vlm_packed.py [--packed] [--fsdp]
 
 A batch is bounded in both (``cost={"tokens": ..., "image_patches": ("packed", ...)}``, ``token_budget=None``,
 ``length_fn`` -> (tokens, patches)).  ``pad_collate`` (default) pads the text and joins the images as the
 vision tower reads them; ``--packed``: ``mrope_collate``, one padding-free row whose mRoPE position ids
 restart at every sample (tokens then cost "packed").  Limit: packed samples stay apart under sdpa or eager
 attention with ``use_cache=False`` only (the collate sets it).  The ranks then check exactly-once per epoch.
+
+A batch may be text-only on one rank while its peer's holds images; the model would then run its vision
+tower on one rank only.  ``visual_stub`` appends a zero-loss stub image to such a batch, so the tower runs
+on every rank at every step: DDP needs no ``find_unused_parameters``, and ``--fsdp`` (FSDP2, the tower
+sharded block by block) keeps the ranks' all-gathers matched.
 """
 
 import argparse
@@ -22,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: E402
 
 from odb import ODBDataLoader  # noqa: E402
-from odb.batching import mrope_collate, pad_collate  # noqa: E402
+from odb.batching import mrope_collate, pad_collate, visual_stub  # noqa: E402
 from odb.integrations import TrainStream, grad_sync, weighted_loss  # noqa: E402
 
 IMAGE, START, END = 70, 72, 73
@@ -62,6 +67,11 @@ def vlm_samples(n: int = 48, seed: int = 0) -> list[dict]:
     return out
 
 
+# a 1 x 2 x 2 patch grid (one merged image token), no label: it only makes the vision tower run
+STUB = {"input_ids": [START, IMAGE, END], "labels": [-100] * 3, "mm_token_type_ids": [0, 1, 0],
+        "pixel_values": torch.zeros(4, 3 * 2 * 2), "image_grid_thw": [[1, 2, 2]]}
+
+
 def sizes(s) -> tuple[int, int]:
     """The loader's length_fn: (tokens, image patches)."""
     return len(s["input_ids"]), (int(s["pixel_values"].shape[0]) if "pixel_values" in s else 0)
@@ -70,23 +80,33 @@ def sizes(s) -> tuple[int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--packed", action="store_true", help="mRoPE padding-free packing (mrope_collate)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard), the vision tower block by block")
     a = ap.parse_args()
     dist.init_process_group("gloo")  # under torchrun; ODB takes the default group
     net = tiny_qwen2_vl()
-    # a text-only batch leaves the vision tower without gradients (without the flag, DDP hangs)
-    model = DDP(net, find_unused_parameters=True)
-    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    if a.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in [*net.model.visual.blocks, net.model.visual, *net.model.language_model.layers]:
+            fully_shard(block, mesh=mesh)
+        model = fully_shard(net, mesh=mesh)
+    else:
+        model = DDP(net)  # every batch runs the vision tower (visual_stub): no find_unused_parameters
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ds = vlm_samples()
-    collate = mrope_collate(net.model.get_rope_index) if a.packed else pad_collate
+    collate = visual_stub(mrope_collate(net.model.get_rope_index) if a.packed else pad_collate, STUB)
     cost = {"tokens": ("packed" if a.packed else "padded", TOKENS), "image_patches": ("packed", PATCHES)}
     # shift_labels: the loader counts labels[1:], the targets of the model's shifted loss
     loader = ODBDataLoader(ds, None, collate, cost=cost, length_fn=sizes, shift_labels=True, buffer_size=8,
                            timeout_s=60)
     stream = TrainStream(loader, 2)  # accumulate 2 micro-steps per optimizer step
-    seen, largest, loss = [], 0, float("nan")
+    seen, largest, loss, text_only = [], 0, float("nan"), 0
     for _ in range(2):  # epochs
         for ms in stream.epoch():
             seen += [(ms.info.epoch, i) for i in ms.info.indices]
+            text_only += not any("pixel_values" in ds[i] for i in ms.info.indices)  # the stub ran the tower
             largest = max(largest, sum(sizes(ds[i])[1] for i in ms.info.indices))
             with grad_sync(model, ms.sync):
                 out = model(**ms.batch)
@@ -97,7 +117,8 @@ def main() -> None:
                 opt.zero_grad()
     p = stream.progress
     print(f"rank {loader.rank}: {p.samples} samples, {p.optimizer_steps} optimizer steps, "
-          f"fillers {loader.stats.fillers}, largest batch {largest}/{PATCHES} image patches, last loss {loss:.3f}")
+          f"fillers {loader.stats.fillers}, text-only batches {text_only}, largest batch {largest}/{PATCHES} image "
+          f"patches, last loss {loss:.3f}")
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, seen)  # SYNC: every rank must reach this
     got = sorted(x for part in every for x in part)

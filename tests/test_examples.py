@@ -19,7 +19,7 @@ FLAGS = {  # script -> extra runs, each a list of flags
     "plain_ddp.py": [["--mode", "join"], ["--pool-size", "2"]],
     "trl_sft.py": [["--lora", "--padding-free"]],
     "fsdp2_loop.py": [["--accum", "3", "--uneven"]],
-    "vlm_packed.py": [["--packed"]],
+    "vlm_packed.py": [["--packed"], ["--fsdp"]],
 }
 RUNS = [(s, []) for s in SCRIPTS] + [(s, f) for s, runs in FLAGS.items() for f in runs]
 # every example ends with one line per rank "rank <r>: <n> samples, ..."; matched anywhere, since the

@@ -108,3 +108,76 @@ def test_a_two_resource_budget_is_passed_as_documented_and_bounds_both():
             assert patches <= 10 or len(info.indices) == 1
             seen += info.indices
     assert sorted(seen) == list(range(len(samples)))
+
+
+# -- visual_stub: the vision tower runs on every rank at every step ------------------------------------------------
+STUB = {"input_ids": [START, IMAGE, END], "labels": [-100] * 3, "mm_token_type_ids": [0, 1, 0],
+        "pixel_values": torch.zeros(4, 3 * 2 * 2), "image_grid_thw": [[1, 2, 2]]}
+
+
+def _grads(model, batch) -> tuple[float, dict, int]:
+    """Loss, every parameter's gradient (None where none reached it), and the vision tower's calls."""
+    calls = []
+    hook = model.model.visual.register_forward_hook(lambda *a: calls.append(1))
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    out.loss.backward()
+    hook.remove()
+    grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    return out.loss.item(), grads, len(calls)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_stub_runs_the_vision_tower_on_a_text_only_batch_and_changes_no_loss_or_gradient(packed):
+    from odb.batching import visual_stub
+
+    model = _model()
+    text = [s for s in _samples() if "pixel_values" not in s]
+    text.append({"input_ids": [4, 8, 15, 16], "labels": [4, 8, 15, 16]})
+    base = mrope_collate(model.model.get_rope_index) if packed else pad_collate
+    loss, grads, calls = _grads(model, base(text))
+    stubbed = visual_stub(base, STUB)(text)
+    assert stubbed["pixel_values"].shape == (4, 12) and stubbed["input_ids"].shape[0] == (1 if packed else 3)
+    loss2, grads2, calls2 = _grads(model, stubbed)
+    assert (calls, calls2) == (0, 1)
+    assert loss2 == pytest.approx(loss, rel=1e-6, abs=1e-7)
+    vision = [n for n in grads2 if ".visual." in n or n.startswith("visual.")]
+    assert vision and all(grads[n] is None for n in vision)  # without the stub the tower gets no gradient at all
+    assert all(bool((grads2[n] == 0).all()) for n in vision)  # with it: exactly zero, from the stub alone
+    for n, g in grads.items():
+        if g is not None:
+            assert torch.allclose(grads2[n], g, rtol=1e-5, atol=1e-7), n
+
+
+def test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule():
+    from odb.batching import packed_collate, visual_stub
+    from odb.batching.collate import counts_shifted
+
+    samples = _samples()  # with images: the stub stays out
+    with_images = visual_stub(pad_collate, STUB)(samples)
+    plain = pad_collate(samples)
+    assert with_images.keys() == plain.keys() and all(torch.equal(with_images[k], plain[k]) for k in plain)
+    video = {**STUB, "pixel_values_videos": STUB["pixel_values"], "video_grid_thw": [[1, 2, 2]]}
+    del video["pixel_values"], video["image_grid_thw"]
+    both = visual_stub(pad_collate, STUB, video)
+    assert both(samples)["input_ids"].shape[0] == len(samples) + 1  # images present, no video: the video stub
+    assert both(samples[1:2])["input_ids"].shape[0] == 3  # text only: both stubs
+    assert not counts_shifted(visual_stub(pad_collate, STUB))
+    assert counts_shifted(visual_stub(packed_collate, STUB))
+    assert counts_shifted(visual_stub(mrope_collate(_model().model.get_rope_index), STUB))
+
+
+@pytest.mark.parametrize("stub, msg", [
+    (None, "at least one stub"),
+    ([1, 2], "not a processed sample"),
+    ({"input_ids": [1], "labels": [-100]}, "none of"),
+    ({**STUB, "labels": None}, "integer sequences"),
+    ({k: v for k, v in STUB.items() if k != "labels"}, "needs 'input_ids' and 'labels'"),
+    ({**STUB, "labels": [-100, 5, -100]}, "1 label tokens"),
+    ({**STUB, "labels": [-100, -100]}, "3 input_ids and 2 labels"),
+])
+def test_a_stub_that_would_train_or_would_not_run_the_tower_is_refused(stub, msg):
+    from odb.batching import visual_stub
+
+    with pytest.raises(odb.ConfigError, match=msg):
+        visual_stub(pad_collate) if stub is None else visual_stub(pad_collate, stub)

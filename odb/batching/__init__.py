@@ -2,7 +2,7 @@
 
 ``make_cost_model(spec, budget)`` builds a `CostModel`; ``default_policy()``
 returns the `AlignmentPolicy` the runtime uses unless told otherwise.  The
-torch collate helpers (`pad_collate`, `packed_collate`) live in
+torch collate helpers (`pad_collate`, `packed_collate`, `mrope_collate`, `visual_stub`) live in
 ``odb.batching.collate`` and are imported lazily, so this package imports
 without torch.
 """
@@ -18,9 +18,9 @@ from .policy import BalancedPolicy, attention_coefficient, default_policy
 
 __all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "call_partition", "make_cost_model", "default_policy",
            "BalancedPolicy", "attention_coefficient", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
-           "pad_collate", "packed_collate", "mrope_collate"]
+           "pad_collate", "packed_collate", "mrope_collate", "visual_stub"]
 
-_COLLATE = {"pad_collate", "packed_collate", "mrope_collate"}
+_COLLATE = {"pad_collate", "packed_collate", "mrope_collate", "visual_stub"}
 
 
 def __getattr__(name: str):

@@ -18,6 +18,11 @@ Each sample is a mapping with a 1-D ``input_ids`` and optionally ``labels`` (sam
                      under SDPA), and ``use_cache=False`` (with a KV cache, sdpa, eager and flex
                      attention build a causal mask over the whole row and mix the samples).  For mRoPE
                      models (Qwen2-VL style), `mrope_collate` builds the position ids per sample.
+``visual_stub``      wraps a collate so that the model's vision tower runs on every rank at every step:
+                     a batch without images (or videos) gets a zero-loss stub sample appended.  Needed
+                     under FSDP when the vision tower is sharded as its own units (a rank that skips it
+                     skips its all-gathers: the ranks' collectives no longer match), and under DDP
+                     without ``find_unused_parameters``.
 
 Loss targets: with `packed_collate` the targets of a causal LM's shifted loss are each sample's
 ``labels[1:]``, which is what the loader counts with ``shift_labels=True`` (its default with a packed
@@ -30,9 +35,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..errors import SampleError
+from ..errors import ConfigError, SampleError
 
-__all__ = ["pad_collate", "packed_collate", "mrope_collate", "IGNORE_INDEX", "VISUAL_KEYS", "PACKED_COLLATES"]
+__all__ = ["pad_collate", "packed_collate", "mrope_collate", "visual_stub", "IGNORE_INDEX", "VISUAL_KEYS",
+           "PIXEL_KEYS", "PACKED_COLLATES"]
 
 IGNORE_INDEX = -100
 # How vision towers read per-sample visual inputs (transformers' Qwen2-VL, LLaVA): patch-flattened pixel
@@ -40,6 +46,9 @@ IGNORE_INDEX = -100
 # that have an image: a batch may mix text-only and image samples); fixed-size images ([channels, height,
 # width]) are stacked into [batch, ...] (every sample needs one then).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+# the keys whose presence makes a vision-language model call its vision tower (transformers' Qwen2-VL calls it once
+# for the images and once for the videos of a batch): what `visual_stub` keeps present in every batch
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 # per token: 0 text, 1 image, 2 video (what a Qwen-VL processor returns); a text-only sample may omit it
 TOKEN_TYPES = "mm_token_type_ids"
 _OPTIONAL = VISUAL_KEYS + (TOKEN_TYPES,)
@@ -211,6 +220,69 @@ def mrope_collate(rope_index: Callable) -> Callable[[Sequence[Mapping]], dict]:
 
 
 PACKED_COLLATES = (packed_collate,)  # collates that mask each sample's first label (see `counts_shifted`)
+
+
+def visual_stub(collate_fn: Callable[[Sequence[Mapping]], dict],
+                *stubs: Mapping) -> Callable[[Sequence[Mapping]], dict]:
+    """`collate_fn` with the vision tower made unconditional: for each stub, a batch in which no sample carries
+    one of the stub's `PIXEL_KEYS` gets the stub appended as one more sample before `collate_fn` runs.
+
+    Why: a vision-language model calls its vision tower only for a batch that holds images, so whether it
+    runs is a rank-local fact while the collectives it implies are global.  Under FSDP with the tower's blocks
+    sharded as their own units, a rank whose batch is text-only (or a text-only filler) skips their
+    all-gathers and reduce-scatters while its peers run them: the collectives no longer match (measured on
+    gloo: "Received data size doesn't match expected size", the process aborts; on NCCL, a hang or mixed-up
+    buffers).  Under DDP the tower's parameters go without gradients (DDP needs ``find_unused_parameters``).
+    ODB's batches mix text-only and image samples freely, so this happens at any step.
+
+    A stub is one processed sample holding a small image (or video) of its model, e.g. Qwen2-VL: ``input_ids``
+    ``[vision_start, image_token, vision_end]``, ``pixel_values`` of a 1 x 2 x 2 patch grid (zeros),
+    ``image_grid_thw [[1, 2, 2]]``, ``mm_token_type_ids [0, 1, 0]``, and ``labels`` of -100 only.  With no
+    label token it adds nothing to the loss, to the loader's label counts (taken from the dataset's samples,
+    never from the stub) or to any gradient: the tower's parameters get exactly zero from it, and the other
+    samples' losses are unchanged (in `pad_collate` it is a row of its own; in `packed_collate` and
+    `mrope_collate` a segment of its own).  It is appended after the batch's samples, outside the budget:
+    keep it tiny.  It must carry the keys the batch's samples carry (`pad_collate` requires the same keys).
+    The result counts as a packing collate where `collate_fn` does (`counts_shifted`).
+
+    :raises ConfigError: no stub, or a stub that is not a mapping, carries no `PIXEL_KEYS`, has no
+        ``input_ids`` or ``labels``, labels of another length, or any label other than -100.
+    """
+    if not callable(collate_fn):
+        raise ConfigError(f"visual_stub needs a collate function, got {collate_fn!r}")
+    if not stubs:
+        raise ConfigError("visual_stub needs at least one stub sample (a processed sample holding a small image, "
+                          "labels all -100); with none it would change nothing")
+    need = []
+    for k, s in enumerate(stubs):
+        if not isinstance(s, Mapping):
+            raise ConfigError(f"stub {k} is a {type(s).__name__}, not a processed sample (a mapping)")
+        keys = tuple(x for x in PIXEL_KEYS if x in s)
+        if not keys:
+            raise ConfigError(f"stub {k} carries none of {PIXEL_KEYS} (keys: {sorted(s)}); it would not run the "
+                              "vision tower")
+        if "input_ids" not in s or "labels" not in s:
+            raise ConfigError(f"stub {k} needs 'input_ids' and 'labels' (keys: {sorted(s)}); without labels a "
+                              "collate trains on its input_ids")
+        try:
+            ids = torch.as_tensor(s["input_ids"], dtype=torch.long).reshape(-1)
+            lab = torch.as_tensor(s["labels"], dtype=torch.long).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"stub {k}: input_ids and labels must be integer sequences ({type(e).__name__}: "
+                              f"{e})") from None
+        if ids.numel() == 0 or lab.shape != ids.shape:
+            raise ConfigError(f"stub {k} has {ids.numel()} input_ids and {lab.numel()} labels; it needs at least "
+                              "one token and a label per token")
+        if bool((lab != IGNORE_INDEX).any()):
+            raise ConfigError(f"stub {k} has {int((lab != IGNORE_INDEX).sum())} label tokens; a stub must add "
+                              f"nothing to the loss: set every label to {IGNORE_INDEX}")
+        need.append((keys, s))
+
+    def collate(batch: Sequence[Mapping]) -> dict:
+        extra = [s for keys, s in need if not all(any(key in b for b in batch) for key in keys)]
+        return collate_fn([*batch, *extra] if extra else batch)
+    collate.packs = counts_shifted(collate_fn)
+    return collate
 
 
 def counts_shifted(collate_fn) -> bool:

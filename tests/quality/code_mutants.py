@@ -33,6 +33,7 @@ G = "tests/test_runtime_guarantees.py::"
 R = "tests/test_runtime_replicas.py::"
 C = "tests/test_conformance.py::"
 P = "tests/test_pool.py::"
+V = "tests/test_vlm.py::"
 
 
 @dataclass(frozen=True)
@@ -640,6 +641,25 @@ MUTANTS: tuple[CodeMutant, ...] = (
                ("tests/test_batching_policy.py::test_a_padded_window_past_64_samples_packs_and_orders_in_arrays_exactly_as_sample_by_sample",
                 "tests/test_batching_policy.py::test_the_array_packing_agrees_at_the_window_edges"),
                "a fractional budget rounds up in the caps: a group takes one sample more than fits"),
+    # -- visual_stub: the vision tower on every rank (odb.batching.collate) --------------------------------------
+    CodeMutant("stub_never_appended", "odb/batching/collate.py",
+               "return collate_fn([*batch, *extra] if extra else batch)", "return collate_fn(batch)",
+               (V + "test_a_stub_runs_the_vision_tower_on_a_text_only_batch_and_changes_no_loss_or_gradient",
+                "tests/test_vlm_fsdp.py::test_a_text_only_rank_runs_the_sharded_vision_tower_with_a_stub_and_trains_exactly"),
+               "a text-only batch goes without the stub: under FSDP the ranks' collectives no longer match"),
+    CodeMutant("stub_always_appended", "odb/batching/collate.py",
+               "extra = [s for keys, s in need if not all(any(key in b for b in batch) for key in keys)]",
+               "extra = [s for keys, s in need]",
+               (V + "test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule",),
+               "the stub is appended to batches that already run the tower (extra cost, outside the budget)"),
+    CodeMutant("stub_labels_unchecked", "odb/batching/collate.py",
+               "        if bool((lab != IGNORE_INDEX).any()):\n", "        if False:\n",
+               (V + "test_a_stub_that_would_train_or_would_not_run_the_tower_is_refused",),
+               "a stub with label tokens is accepted: it would add to the loss without being counted"),
+    CodeMutant("stub_hides_packing", "odb/batching/collate.py",
+               "    collate.packs = counts_shifted(collate_fn)\n", "    collate.packs = False\n",
+               (V + "test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule",),
+               "a stubbed packing collate is taken for a padding one: the loader counts one label per sample too many"),
     # -- the benchmark's machine reference (paper_repro.cpu) ----------------------------------------------------
     CodeMutant("reference_result_unchecked", "paper_repro/cpu.py", "        if got != REFERENCE_CHECKSUM:\n",
                "        if False:\n",
