@@ -2,9 +2,10 @@
 rank 0's batch is text-only, rank 1's holds images, as ODB's mixed batches give at any step.
 
 Without `odb.batching.visual_stub` rank 0 skips the tower's all-gathers while rank 1 runs them, and the run
-fails (on gloo a size mismatch that aborts a process; on NCCL a hang).  With it both ranks run the tower,
+fails (on gloo a size mismatch that aborts a process; on NCCL we expect a hang, not run here).  With it both ranks run the tower,
 and each rank's loss and the averaged full gradient equal those of an unsharded copy on the batches without
-the stub.
+the stub.  Through the loader (PAD mode, uneven shards), rank 0's text-only batches and zero-weight fillers
+run the tower too, and every sample is trained once.
 """
 
 from __future__ import annotations
@@ -80,3 +81,63 @@ def test_without_the_stub_the_ranks_collectives_do_not_match(tmp_path):
     # the control: the setting above does exercise the hazard (else the test above could not fail)
     out = run_ranks(_step, 2, tmp_path / "plain", args=(False,), timeout_s=120, pg_timeout_s=20)
     assert any(o.status != "ok" for o in out), [o.status for o in out]
+
+
+class _Vlm(torch.utils.data.Dataset):
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def _loader_epoch(rank: int, world: int) -> dict:
+    """One epoch through the loader, PAD mode, uneven shards: rank 0 holds text-only samples and runs out
+    first (its last steps are fillers), rank 1 holds image samples."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import odb
+    from odb.batching import pad_collate, visual_stub
+    from odb.integrations import weighted_loss
+    from mp_harness import ListSampler
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(3)
+    text = [{"input_ids": (t := torch.randint(3, 60, (int(n),), generator=g).tolist()), "labels": t}
+            for n in torch.randint(3, 12, (6,), generator=g)]
+    images = [x for x in _samples() if "pixel_values" in x] * 4
+    ds = _Vlm(text + images)
+    net = _model().train()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in [*net.model.visual.blocks, net.model.visual, *net.model.language_model.layers]:
+        fully_shard(block, mesh=mesh)
+    model = fully_shard(net, mesh=mesh)
+    shards = [list(range(len(text))), list(range(len(text), len(ds)))]
+
+    def sizes(s):
+        return len(s["input_ids"]), (int(s["pixel_values"].shape[0]) if "pixel_values" in s else 0)
+    cost = {"tokens": 24, "image_patches": ("packed", 12)}
+    loader = odb.ODBDataLoader(ds, None, visual_stub(pad_collate, STUB), cost=cost, length_fn=sizes, buffer_size=4,
+                               timeout_s=30, sampler=ListSampler(shards[rank]))
+    seen, fillers, text_only = [], 0, 0
+    for batch in loader:
+        info = odb.pop_step_info(batch)
+        seen += list(info.indices)
+        fillers += info.filler
+        text_only += not any("pixel_values" in ds[i] for i in info.indices) or info.filler
+        weighted_loss(model(**batch), info.loss_scale).backward()
+    loader.close()
+    return {"seen": seen, "fillers": fillers, "text_only": text_only, "steps": loader.stats.steps}
+
+
+def test_through_the_loader_text_only_batches_and_fillers_run_the_sharded_tower(tmp_path):
+    out = run_ranks(_loader_epoch, 2, tmp_path, timeout_s=150, pg_timeout_s=30)
+    assert [o.status for o in out] == ["ok", "ok"], [o.error for o in out]
+    a, b = (o.value for o in out)
+    # measured: 8 steps each; rank 0 ran 2 text-only batches and 6 fillers, every one of them stubbed
+    assert a["steps"] == b["steps"] and a["text_only"] == a["steps"] and a["fillers"] > 0
+    assert sorted(a["seen"] + b["seen"]) == list(range(6 + 12))

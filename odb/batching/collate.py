@@ -232,7 +232,7 @@ def visual_stub(collate_fn: Callable[[Sequence[Mapping]], dict],
     sharded as their own units, a rank whose batch is text-only (or a text-only filler) skips their
     all-gathers and reduce-scatters while its peers run them: the collectives no longer match (measured on
     gloo: "Received data size doesn't match expected size", the process aborts; on NCCL, a hang or mixed-up
-    buffers).  Under DDP the tower's parameters go without gradients (DDP needs ``find_unused_parameters``).
+    buffers, expected and not run here).  Under DDP the tower's parameters go without gradients (DDP needs ``find_unused_parameters``).
     ODB's batches mix text-only and image samples freely, so this happens at any step.
 
     A stub is one processed sample holding a small image (or video) of its model, e.g. Qwen2-VL: ``input_ids``
@@ -243,7 +243,9 @@ def visual_stub(collate_fn: Callable[[Sequence[Mapping]], dict],
     samples' losses are unchanged (in `pad_collate` it is a row of its own; in `packed_collate` and
     `mrope_collate` a segment of its own).  It is appended after the batch's samples, outside the budget:
     keep it tiny.  It must carry the keys the batch's samples carry (`pad_collate` requires the same keys).
-    The result counts as a packing collate where `collate_fn` does (`counts_shifted`).
+    The result counts as a packing collate where `collate_fn` does (`counts_shifted`).  For patch-flattened
+    visual inputs (Qwen2-VL style); fixed-size images are stacked one per sample, so `pad_collate` refuses a
+    batch that mixes them with text-only samples, the stub's batch included.
 
     :raises ConfigError: no stub, or a stub that is not a mapping, carries no `PIXEL_KEYS`, has no
         ``input_ids`` or ``labels``, labels of another length, or any label other than -100.
