@@ -2,10 +2,10 @@
 rank 0's batch is text-only, rank 1's holds images, as ODB's mixed batches give at any step.
 
 Without `odb.batching.visual_stub` rank 0 skips the tower's all-gathers while rank 1 runs them, and the run
-fails (on gloo a size mismatch that aborts a process; on NCCL we expect a hang, not run here).  With it both ranks run the tower,
-and each rank's loss and the averaged full gradient equal those of an unsharded copy on the batches without
-the stub.  Through the loader (PAD mode, uneven shards), rank 0's text-only batches and zero-weight fillers
-run the tower too, and every sample is trained once.
+fails (on gloo a size mismatch that aborts a process; on NCCL we expect a hang, not run here).  With it both
+ranks run the tower, and each rank's loss and the averaged full gradient equal those of an unsharded copy
+on the batches without the stub.  Through the loader (PAD mode, uneven shards), rank 0's text-only batches
+and zero-weight fillers run the tower too, and every sample is trained once.
 """
 
 from __future__ import annotations

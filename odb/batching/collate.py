@@ -231,9 +231,10 @@ def visual_stub(collate_fn: Callable[[Sequence[Mapping]], dict],
     runs is a rank-local fact while the collectives it implies are global.  Under FSDP with the tower's blocks
     sharded as their own units, a rank whose batch is text-only (or a text-only filler) skips their
     all-gathers and reduce-scatters while its peers run them: the collectives no longer match (measured on
-    gloo: "Received data size doesn't match expected size", the process aborts; on NCCL, a hang or mixed-up
-    buffers, expected and not run here).  Under DDP the tower's parameters go without gradients (DDP needs ``find_unused_parameters``).
-    ODB's batches mix text-only and image samples freely, so this happens at any step.
+    gloo: "Received data size doesn't match expected size", the process aborts; on NCCL we expect a hang or
+    mixed-up buffers, not run here).  Under DDP the tower's parameters go without gradients (DDP then needs
+    ``find_unused_parameters``).  ODB's batches mix text-only and image samples freely, so this happens at
+    any step.
 
     A stub is one processed sample holding a small image (or video) of its model, e.g. Qwen2-VL: ``input_ids``
     ``[vision_start, image_token, vision_end]``, ``pixel_values`` of a 1 x 2 x 2 patch grid (zeros),
