@@ -429,6 +429,20 @@ def test_the_array_packing_agrees_at_the_window_edges(window):
     assert [g.closed for g in got[0]][:-1] == [True] * (len(got[0]) - 1)
 
 
+def test_a_fractional_budget_caps_a_group_at_its_floor_on_both_paths():
+    # 777.5 // 389 is 1 (two samples of a group topped by 389 tokens cost 778 > 777.5), while 778 // 389 is 2: a
+    # cap rounded instead of floored packs them.  Drawn windows meet such a length only by chance (a code mutant
+    # survived a fresh clone's run), so here it is fixed.
+    cost = BudgetCost(name="padded", resources=(Resource(name="r", index=0, kind="padded", budget=777.5),))
+    window = [(389,)] * 3 + [(300,)] * 70
+    assert policy_module._padded_window(window, cost, 1 / 24576) is not None
+    got, want = _window_orders(window, cost, 1 / 24576, True), _window_orders(window, cost, 1 / 24576, False)
+    assert got == want
+    tops = [max(window[p][0] for p in g.positions) for g in got[0]]
+    assert [len(g.positions) for g, t in zip(got[0], tops) if t == 389] == [1, 1, 1]
+    assert all(cost.utilisation([window[p] for p in g.positions]) <= 1.0 for g in got[0])
+
+
 @pytest.mark.parametrize("window, cost", [([(100,)] * 64, _cost("padded", 2000)),  # 64 samples: the reference
                                           ([(100,)] * 90, _cost("packed", 2000)),
                                           ([(100.5,)] * 90, _cost("padded", 2000)),  # not an int

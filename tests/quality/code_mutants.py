@@ -639,7 +639,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
     CodeMutant("array_pack_budget_rounded", "odb/batching/policy.py",
                "int(B) // np.maximum(ls, 1)", "round(B) // np.maximum(ls, 1)",
                ("tests/test_batching_policy.py::test_a_padded_window_past_64_samples_packs_and_orders_in_arrays_exactly_as_sample_by_sample",
-                "tests/test_batching_policy.py::test_the_array_packing_agrees_at_the_window_edges"),
+                "tests/test_batching_policy.py::test_the_array_packing_agrees_at_the_window_edges",
+                "tests/test_batching_policy.py::test_a_fractional_budget_caps_a_group_at_its_floor_on_both_paths"),
                "a fractional budget rounds up in the caps: a group takes one sample more than fits"),
     # -- visual_stub: the vision tower on every rank (odb.batching.collate) --------------------------------------
     CodeMutant("stub_never_appended", "odb/batching/collate.py",
