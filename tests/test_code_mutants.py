@@ -30,3 +30,12 @@ def test_a_code_mutant_applies_once_and_names_existing_tests(m):
         if node:
             fn = re.sub(r"\[.*\]$", "", node)
             assert re.search(rf"^def {re.escape(fn)}\(", src, re.M), f"{m.name}: no test {t}"
+
+
+def test_the_mutants_a_hypothesis_property_tests_are_found_by_their_decorator():
+    # `--hypothesis-seeds` reruns these under several seeds; a detection that found none would check nothing
+    from code_mutants import hypothesis_mutants
+
+    names = {m.name for m in hypothesis_mutants()}
+    assert {"array_pack_budget_rounded", "many_groups_fill_reordered", "packed_one_token_over"} <= names
+    assert not names & {"stub_never_appended", "header_st_from_live_quit"}  # their tests draw nothing

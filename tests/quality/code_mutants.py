@@ -13,12 +13,17 @@ the policy and the conformance checker.  `make mutants` runs every one (minutes:
 tests in a copy of the working tree); `tests/test_code_mutants.py` checks, in CI, that every
 mutant still applies to the current source (a refactor that moves the text must move the mutant).
 
-    python tests/quality/code_mutants.py [--only NAME ...] [--list]
+    python tests/quality/code_mutants.py [--only NAME ...] [--list] [--hypothesis-seeds 11,12,13]
+
+``--hypothesis-seeds`` runs only the mutants whose tests include a hypothesis property, each once per seed
+(``pytest --hypothesis-seed``, no example database carried between runs): a mutant killed under some seeds
+only is killed by luck, as one was until 2026-12-05 (`hypothesis_mutants`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -700,11 +705,26 @@ def _copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / f)
 
 
-def _pytest(root: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float, str]:
+def hypothesis_mutants(root: Path = ROOT) -> list[CodeMutant]:
+    """The mutants whose tests include a test function decorated with hypothesis's ``@given``."""
+    given = set()
+    for p in (root / "tests").glob("test_*.py"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("given")
+                                                         for d in node.decorator_list):
+                given.add(f"tests/{p.name}::{node.name}")
+    return [m for m in MUTANTS if any(t.split("[")[0] in given for t in m.tests)]
+
+
+def _pytest(root: Path, tests: tuple[str, ...], timeout: int, seed: int | None = None) -> tuple[int, float, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    extra = []
+    if seed is not None:
+        shutil.rmtree(root / ".hypothesis", ignore_errors=True)  # no failing example stored by an earlier run
+        extra = [f"--hypothesis-seed={seed}"]
     t0 = time.monotonic()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *extra, *tests],
                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
         rc, tail = out.returncode, (out.stdout + out.stderr).strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
@@ -712,9 +732,13 @@ def _pytest(root: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, floa
     return rc, time.monotonic() - t0, " ".join(tail)
 
 
-def run(names: list[str] | None = None, timeout: int = 600, log=print) -> list[dict]:
-    """Baseline each mutant's tests on an unmutated copy, then on the mutant; return one record each."""
+def run(names: list[str] | None = None, timeout: int = 600, log=print, seeds: list[int] | None = None) -> list[dict]:
+    """Baseline each mutant's tests on an unmutated copy, then on the mutant; return one record each.  With
+    `seeds`: only `hypothesis_mutants`, baseline and mutant once per seed, killed only if killed under every seed."""
     chosen = [by_name(n) for n in names] if names else list(MUTANTS)
+    if seeds:
+        hyp = {m.name for m in hypothesis_mutants()}
+        chosen = [m for m in chosen if m.name in hyp]
     out = []
     with tempfile.TemporaryDirectory(prefix="odb-code-mutants-") as tmp:
         base = Path(tmp) / "base"
@@ -724,17 +748,23 @@ def run(names: list[str] | None = None, timeout: int = 600, log=print) -> list[d
         if not probe.stdout.startswith(str(base)):
             raise RuntimeError(f"the copy imports odb from {probe.stdout.strip()}, not from {base}")
         for m in chosen:
-            rc0, s0, tail0 = _pytest(base, m.tests, timeout)
             work = Path(tmp) / m.name
             shutil.copytree(base, work)
             apply(m, work)
-            rc, s, tail = _pytest(work, m.tests, timeout)
+            runs = []
+            for seed in seeds or [None]:
+                rc0, s0, tail0 = _pytest(base, m.tests, timeout, seed)
+                rc, s, tail = _pytest(work, m.tests, timeout, seed)
+                runs.append((rc0 == 0, rc0 == 0 and rc != 0, s0 + s, tail, tail0))
             shutil.rmtree(work)
-            rec = {"name": m.name, "survivor_class": m.survivor, "baseline_passes": rc0 == 0,
-                   "killed": rc0 == 0 and rc != 0, "seconds": round(s0 + s, 1), "mutant_tail": tail,
-                   "baseline_tail": tail0}
-            log(f"{m.name:36} {'KILLED' if rec['killed'] else ('BASELINE FAILS' if rc0 else 'SURVIVED')} "
-                f"({rec['seconds']} s) {tail}")
+            rec = {"name": m.name, "survivor_class": m.survivor, "baseline_passes": all(r[0] for r in runs),
+                   "killed": all(r[1] for r in runs), "seconds": round(sum(r[2] for r in runs), 1),
+                   "mutant_tail": runs[-1][3], "baseline_tail": runs[-1][4]}
+            if seeds:
+                rec["killed_under_seeds"] = [seed for seed, r in zip(seeds, runs) if r[1]]
+            verdict = 'KILLED' if rec['killed'] else ('BASELINE FAILS' if not rec['baseline_passes'] else 'SURVIVED')
+            under = f" under {len(rec['killed_under_seeds'])}/{len(seeds)} seeds" if seeds else ""
+            log(f"{m.name:36} {verdict}{under} ({rec['seconds']} s) {rec['mutant_tail']}")
             out.append(rec)
     return out
 
@@ -743,13 +773,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="mutant names (default: all)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--hypothesis-seeds", help="comma-separated seeds: only the mutants a hypothesis property "
+                    "tests, each run once per seed (see the module docstring)")
     a = ap.parse_args(argv)
     if a.list:
         for m in MUTANTS:
             print(f"{m.name:36} {m.path:32} {m.doc}")
         return 0
     t0 = time.monotonic()
-    res = run(a.only)
+    res = run(a.only, seeds=[int(x) for x in a.hypothesis_seeds.split(",")] if a.hypothesis_seeds else None)
     killed = sum(r["killed"] for r in res)
     surv = [r for r in res if r["survivor_class"]]
     print(f"\n{killed}/{len(res)} killed ({sum(r['killed'] for r in surv)}/{len(surv)} of the classes that survived "
