@@ -25,10 +25,20 @@ def _batches():
     return [text, [x for x in s if "pixel_values" in x][:2]]  # rank 0: text only; rank 1: images
 
 
-def _step(rank: int, world: int, stub: bool) -> dict:
+def _sharded(world: int):
+    """The tiny Qwen2-VL under FSDP2: the tower's blocks and the tower in units of their own (as per-block
+    wrapping policies do), each decoder layer, then the root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    net = _model().train()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in [*net.model.visual.blocks, net.model.visual, *net.model.language_model.layers]:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
+
+
+def _step(rank: int, world: int, stub: bool) -> dict:
     from odb.batching import pad_collate, visual_stub
 
     if not stub:  # the control aborts a process: keep pytest's inherited crash dump (the terminal's fd) quiet
@@ -36,14 +46,7 @@ def _step(rank: int, world: int, stub: bool) -> dict:
 
         faulthandler.disable()
     torch.set_num_threads(1)
-    net = _model().train()
-    mesh = init_device_mesh("cpu", (world,))
-    for blk in net.model.visual.blocks:  # the tower in units of its own, as per-block wrapping policies do
-        fully_shard(blk, mesh=mesh)
-    fully_shard(net.model.visual, mesh=mesh)
-    for layer in net.model.language_model.layers:
-        fully_shard(layer, mesh=mesh)
-    model = fully_shard(net, mesh=mesh)
+    model = _sharded(world)
     collate = visual_stub(pad_collate, STUB) if stub else pad_collate
     loss = model(**collate(_batches()[rank])).loss
     loss.backward()
@@ -97,9 +100,6 @@ class _Vlm(torch.utils.data.Dataset):
 def _loader_epoch(rank: int, world: int) -> dict:
     """One epoch through the loader, PAD mode, uneven shards: rank 0 holds text-only samples and runs out
     first (its last steps are fillers), rank 1 holds image samples."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     import odb
     from odb.batching import pad_collate, visual_stub
     from odb.integrations import weighted_loss
@@ -111,11 +111,7 @@ def _loader_epoch(rank: int, world: int) -> dict:
             for n in torch.randint(3, 12, (6,), generator=g)]
     images = [x for x in _samples() if "pixel_values" in x] * 4
     ds = _Vlm(text + images)
-    net = _model().train()
-    mesh = init_device_mesh("cpu", (world,))
-    for block in [*net.model.visual.blocks, net.model.visual, *net.model.language_model.layers]:
-        fully_shard(block, mesh=mesh)
-    model = fully_shard(net, mesh=mesh)
+    model = _sharded(world)
     shards = [list(range(len(text))), list(range(len(text), len(ds)))]
 
     def sizes(s):
