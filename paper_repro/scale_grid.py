@@ -143,15 +143,15 @@ def exchange_schedule(rows, sizes, cost, targets: Sequence[int]) -> tuple[list, 
     """PROTOTYPE of a structural option, not what ships: a round's batches exchanged between ranks.
 
     ODB's own batches (``rows[rank][step]``, PAD mode, round k holding the next ``targets[k]`` steps on
-    every rank), re-dealt within each round: the round's real batches of all ranks in decreasing fill
-    (the default policy's, `odb.batching.policy.aligned_fill`; ties by rank, then step), the first N to
-    its first step, the next N to the second, and so on (fillers where fewer are left).  A batch stays on
-    its own rank while that rank is free in its step, else it moves to the lowest free rank: whole
-    batches move, never within one.  What the runtime would need and does not have: each batch's fill in
-    the round's header (``T`` ints per rank, gathered: N x T per round) and a transfer of the moved
-    batches' tensors before their steps (new table rows, proved).  Returns the rows and the movement:
-    ``moved_batches`` and ``moved_tokens`` (shares of all), ``header_ints_max`` (the largest N x T)."""
+    every rank), re-dealt within each round by `odb.batching.exchange.exchange_plan` on their fills (the
+    default policy's, `odb.batching.policy.aligned_fill`): in decreasing fill, N to a step, a batch
+    staying on its own rank where it can.  What the runtime would need and does not have: each batch's
+    fill in the next round's header (``T`` ints per rank, gathered: N x T per round) and a transfer of the
+    moved batches' samples before their steps (``docs/decisions/2026-12-05-exchange-design.md``).
+    Returns the rows and the movement: ``moved_batches`` and ``moved_tokens`` (shares of all),
+    ``header_ints_max`` (the largest N x T)."""
     from odb.batching import default_policy
+    from odb.batching.exchange import exchange_plan
     from odb.batching.grouping import Group
     from odb.batching.policy import aligned_fill
 
@@ -167,30 +167,25 @@ def exchange_schedule(rows, sizes, cost, targets: Sequence[int]) -> tuple[list, 
         s0 += t
     if s0 < steps:
         bounds.append((s0, steps))
+
+    def fill(bt):  # the batch as a window of its own (a fill reads its samples only)
+        own = [sizes[i] for i in bt]
+        return aligned_fill([Group(tuple(range(len(own))), True, cost.utilisation(own))], own, cost,
+                            attention)[0].fill
+
     for a, b in bounds:
-        items = []
-        for k in range(a, b):
-            for r in range(world):
-                bt = rows[r][k] if k < len(rows[r]) else None
-                if bt is not None:  # the batch as a window of its own (a fill reads its samples only)
-                    own = [sizes[i] for i in bt]
-                    g = Group(tuple(range(len(own))), True, cost.utilisation(own))
-                    items.append((-aligned_fill([g], own, cost, attention)[0].fill, r, k, bt))
-        items.sort(key=lambda x: x[:3])
-        real += len(items)
-        for j in range(0, len(items), world):
-            step, free, go = a + j // world, set(range(world)), []
-            for it in items[j:j + world]:
-                n_tok = sum(sizes[i][0] for i in it[3])
-                tok += n_tok
-                if it[1] in free:
-                    free.discard(it[1])
-                    out[it[1]][step] = it[3]
-                else:
-                    go.append((it, n_tok))
-            for (it, n_tok), r in zip(go, sorted(free)):
-                out[r][step] = it[3]
-                moved, moved_tok = moved + 1, moved_tok + n_tok
+        batch = [[rows[r][k] if k < len(rows[r]) else None for k in range(a, b)] for r in range(world)]
+        plan = exchange_plan([[None if bt is None else fill(bt) for bt in row] for row in batch])
+        for r in range(world):
+            for j, origin in enumerate(plan[r]):
+                if origin is None:
+                    continue
+                bt = batch[origin[0]][origin[1]]
+                out[r][a + j] = bt
+                n_tok = sum(sizes[i][0] for i in bt)
+                real, tok = real + 1, tok + n_tok
+                if origin[0] != r:
+                    moved, moved_tok = moved + 1, moved_tok + n_tok
     return out, {"moved_batches": moved / max(1, real), "moved_tokens": moved_tok / max(1, tok),
                  "header_ints_max": world * max((b - a for a, b in bounds), default=0)}
 

@@ -39,6 +39,7 @@ R = "tests/test_runtime_replicas.py::"
 C = "tests/test_conformance.py::"
 P = "tests/test_pool.py::"
 V = "tests/test_vlm.py::"
+X = "tests/test_exchange.py::"
 
 
 @dataclass(frozen=True)
@@ -667,6 +668,27 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "    collate.packs = counts_shifted(collate_fn)\n", "    collate.packs = False\n",
                (V + "test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule",),
                "a stubbed packing collate is taken for a padding one: the loader counts one label per sample too many"),
+    # -- the round exchange's decision (odb.batching.exchange; the scale grid's prototype runs it) ----------------
+    CodeMutant("exchange_lightest_first", "odb/batching/exchange.py",
+               "items = sorted((-f, r, k) for r, row", "items = sorted((f, r, k) for r, row",
+               (X + "test_a_hand_worked_round_moves_only_the_batches_whose_rank_is_taken_in_their_step",
+                X + "test_every_fill_combination_at_small_scope_keeps_every_rule"),
+               "the round's batches are dealt lightest first: a step's batches are still neighbours in fill, "
+               "but not the order the rules and the prototype's figures state"),
+    CodeMutant("exchange_never_stays", "odb/batching/exchange.py", "            if taken[r]:\n",
+               "            if True:\n",
+               (X + "test_a_hand_worked_round_moves_only_the_batches_whose_rank_is_taken_in_their_step",
+                X + "test_every_fill_combination_at_small_scope_keeps_every_rule"),
+               "every batch moves to the free ranks in order: the same balance for far more data moved"),
+    CodeMutant("exchange_overwrites_a_taken_rank", "odb/batching/exchange.py",
+               "for q in range(n) if not taken[q])", "for q in range(n))",
+               (X + "test_a_hand_worked_round_moves_only_the_batches_whose_rank_is_taken_in_their_step",
+                X + "test_every_fill_combination_at_small_scope_keeps_every_rule"),
+               "a moving batch lands on a rank that already runs one in the step: a batch is lost"),
+    CodeMutant("exchange_check_counts_only", "odb/batching/exchange.py",
+               "    assert ran == real,", "    assert len(ran) == len(real),",
+               (X + "test_a_plan_that_loses_repeats_or_invents_a_batch_is_refused",),
+               "the plan's check counts batches: a repeated batch in place of a lost one passes"),
     # -- the benchmark's machine reference (paper_repro.cpu) ----------------------------------------------------
     CodeMutant("reference_result_unchecked", "paper_repro/cpu.py", "        if got != REFERENCE_CHECKSUM:\n",
                "        if False:\n",

@@ -1,0 +1,76 @@
+"""The round exchange's replicated decision: which rank runs which of a round's batches, at which step.
+
+Legend
+    N         ranks (the participants of one round; under pooled windows, every rank of every pool)
+    S         steps in the round: every rank runs exactly S batches (PAD: fillers included)
+    fill      a batch's fill as its rank posted it (any totally ordered numbers; the runtime would post
+              ints), or None for a zero-weight filler
+    slot      ``(rank, step)``: where a batch was formed (its origin) or where it runs (its place)
+
+`exchange_plan(fills)` re-deals one round's real batches across the ranks by decreasing fill, so that
+the batches of one step are neighbours in fill on every rank, not only within one rank's window:
+
+1. the real batches of every rank, sorted by (decreasing fill, origin rank, origin step);
+2. the first N go to step 0, the next N to step 1, and so on; the steps left over run fillers;
+3. within a step, a batch stays on its origin rank when that rank is still free in the step (the first
+   of its batches in the order of rule 1 stays), and the others go to the free ranks in increasing rank
+   order, in the order of rule 1.  Whole batches move, never a part of one.
+
+The plan reads the gathered fills and nothing else, so every rank that gathered the same fills computes
+the same plan: a rank sends exactly the batches the others expect from it, and every batch runs exactly
+once (`check_plan` checks both on any plan).  This is a prototype's decision (issue 15): the runtime has
+no transfer yet, and `paper_repro.scale_grid.exchange_schedule` applies it to simulated rounds.
+``docs/decisions/2026-12-05-exchange-design.md`` gives the design the runtime would need and its costs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["exchange_plan", "check_plan", "moved"]
+
+Slot = tuple[int, int]
+
+
+def exchange_plan(fills: Sequence[Sequence]) -> list[list[Slot | None]]:
+    """``plan[rank][step]``: the origin slot of the batch that `rank` runs at `step`, or None for a filler
+    (module docstring).  `fills[rank][step]`: the fill of the batch formed there, or None for a filler;
+    every rank has the same number of steps.  Raises ValueError on rows of different lengths or a fill
+    that is not comparable."""
+    n = len(fills)
+    if n == 0:
+        return []
+    steps = len(fills[0])
+    if any(len(row) != steps for row in fills):
+        raise ValueError(f"every rank runs the same number of steps in a round, got {[len(r) for r in fills]}")
+    try:  # rule 1; ties by origin rank, then step, so the order is total and the same on every rank
+        items = sorted((-f, r, k) for r, row in enumerate(fills) for k, f in enumerate(row) if f is not None)
+    except TypeError as e:
+        raise ValueError(f"fills must be numbers or None: {e}") from None
+    plan: list[list[Slot | None]] = [[None] * steps for _ in range(n)]
+    for step, a in enumerate(range(0, len(items), n)):  # rule 2
+        taken, go = [False] * n, []
+        for _, r, k in items[a:a + n]:  # rule 3
+            if taken[r]:
+                go.append((r, k))
+            else:
+                taken[r] = True
+                plan[r][step] = (r, k)
+        for origin, q in zip(go, (q for q in range(n) if not taken[q])):
+            plan[q][step] = origin
+    return plan
+
+
+def check_plan(fills: Sequence[Sequence], plan: Sequence[Sequence[Slot | None]]) -> None:
+    """Raise AssertionError unless `plan` runs every real batch of `fills` exactly once, one batch per rank
+    and step, in as many steps, and fillers nowhere else."""
+    n, steps = len(fills), len(fills[0]) if fills else 0
+    assert len(plan) == n and all(len(row) == steps for row in plan), "the plan changes the ranks or the steps"
+    real = sorted((r, k) for r, row in enumerate(fills) for k, f in enumerate(row) if f is not None)
+    ran = sorted(s for row in plan for s in row if s is not None)
+    assert ran == real, "a batch is lost, repeated or invented"
+
+
+def moved(plan: Sequence[Sequence[Slot | None]]) -> list[list[Slot]]:
+    """For each rank, the origin slots of the batches it runs and did not form: what it receives."""
+    return [[s for s in row if s is not None and s[0] != r] for r, row in enumerate(plan)]
