@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: E402
 
 from odb import ODBDataLoader  # noqa: E402
-from odb.batching import mrope_collate, pad_collate, visual_stub  # noqa: E402
+from odb.batching import check_packing, mrope_collate, pad_collate, visual_stub  # noqa: E402
 from odb.integrations import TrainStream, grad_sync, weighted_loss  # noqa: E402
 
 IMAGE, START, END = 70, 72, 73
@@ -84,6 +84,8 @@ def main() -> None:
     a = ap.parse_args()
     dist.init_process_group("gloo")  # under torchrun; ODB takes the default group
     net = tiny_qwen2_vl()
+    if a.packed:  # packing is exact only for a model that restarts every layer at a sample boundary: measure it
+        check_packing(net, mrope_collate(net.model.get_rope_index))
     if a.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

@@ -2,9 +2,9 @@
 
 ``make_cost_model(spec, budget)`` builds a `CostModel`; ``default_policy()``
 returns the `AlignmentPolicy` the runtime uses unless told otherwise.  The
-torch collate helpers (`pad_collate`, `packed_collate`, `mrope_collate`, `visual_stub`) live in
-``odb.batching.collate`` and are imported lazily, so this package imports
-without torch.
+torch collate helpers (`pad_collate`, `packed_collate`, `mrope_collate`, `visual_stub`,
+`check_packing`) live in ``odb.batching.collate`` and are imported lazily, so this
+package imports without torch.
 """
 
 from .._identity import check as _check_identity
@@ -18,9 +18,9 @@ from .policy import BalancedPolicy, attention_coefficient, default_policy
 
 __all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "call_partition", "make_cost_model", "default_policy",
            "BalancedPolicy", "attention_coefficient", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
-           "pad_collate", "packed_collate", "mrope_collate", "visual_stub"]
+           "pad_collate", "packed_collate", "mrope_collate", "visual_stub", "check_packing"]
 
-_COLLATE = {"pad_collate", "packed_collate", "mrope_collate", "visual_stub"}
+_COLLATE = {"pad_collate", "packed_collate", "mrope_collate", "visual_stub", "check_packing"}
 
 
 def __getattr__(name: str):

@@ -40,6 +40,7 @@ C = "tests/test_conformance.py::"
 P = "tests/test_pool.py::"
 V = "tests/test_vlm.py::"
 X = "tests/test_exchange.py::"
+K = "tests/test_check_packing.py::"
 
 
 @dataclass(frozen=True)
@@ -668,6 +669,25 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "    collate.packs = counts_shifted(collate_fn)\n", "    collate.packs = False\n",
                (V + "test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule",),
                "a stubbed packing collate is taken for a padding one: the loader counts one label per sample too many"),
+    # -- check_packing: a model that mixes packed samples is refused (odb.batching.collate) -----------------------
+    CodeMutant("packing_probe_unchanged", "odb/batching/collate.py",
+               "    changed = [(ids[0] + 1 + torch.randint(0, vocab - 1, (lengths[0],), generator=gen)) % vocab, *ids[1:]]\n",
+               "    changed = list(ids)\n",
+               (K + "test_a_model_whose_layers_carry_state_across_samples_is_refused",
+                K + "test_a_packed_row_without_use_cache_false_mixes_an_attention_models_samples_and_is_refused"),
+               "the probe changes nothing, so every model passes: a Mamba or convolution model trains on mixed samples"),
+    CodeMutant("packing_probe_reads_the_changed_sample", "odb/batching/collate.py",
+               "    later = slice(lengths[0], sum(lengths))", "    later = slice(0, sum(lengths))",
+               (K + "test_attention_keeps_packed_samples_apart_and_the_models_mode_is_restored",),
+               "the leak includes the sample that was changed: every model is refused"),
+    CodeMutant("packing_tolerance_ignored", "odb/batching/collate.py", "    if not leak <= tol:\n",
+               "    if False:\n",
+               (K + "test_a_model_whose_layers_carry_state_across_samples_is_refused",),
+               "a measured leak is returned but never refused"),
+    CodeMutant("packing_mode_not_restored", "odb/batching/collate.py", "        model.train(training)\n",
+               "        pass\n",
+               (K + "test_attention_keeps_packed_samples_apart_and_the_models_mode_is_restored",),
+               "the probe leaves a training model in eval mode: dropout is off for the whole run"),
     # -- the round exchange's decision (odb.batching.exchange; the scale grid's prototype runs it) ----------------
     CodeMutant("exchange_lightest_first", "odb/batching/exchange.py",
                "items = sorted((-f, r, k) for r, row", "items = sorted((f, r, k) for r, row",
