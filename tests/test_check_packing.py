@@ -4,7 +4,8 @@ Tiny random transformers models (no download).  Attention keeps packed samples a
 Bamba (Mamba-2 layers), Jamba (Mamba layers) and LFM2 (short convolutions) do not on their CPU paths,
 and nothing in their output says so; Qwen3-Next refuses packed rows itself without flash-linear-attention.
 A Llama given a packed row without ``use_cache=False`` mixes its samples too (the trap `packed_collate`
-closes), and the probe catches that as well.
+closes; transformers' ``DataCollatorWithFlattening`` leaves it open while the model's config keeps
+``use_cache=True``), and the probe catches that as well.
 """
 
 import functools
@@ -90,6 +91,18 @@ def test_a_model_whose_layers_carry_state_across_samples_is_refused(build, leak_
 def test_a_packed_row_without_use_cache_false_mixes_an_attention_models_samples_and_is_refused():
     with pytest.raises(ConfigError, match="mixes the samples"):
         check_packing(_llama("sdpa"), functools.partial(packed_collate, use_cache_key=False))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_hf_flattening_collator_mixes_samples_while_the_models_config_keeps_its_kv_cache(attn):
+    from transformers import DataCollatorWithFlattening
+
+    model = _llama(attn)
+    assert model.config.use_cache  # the default: a cache is built, and packed-row detection is off
+    with pytest.raises(ConfigError, match="mixes the samples"):
+        check_packing(model, DataCollatorWithFlattening())
+    model.config.use_cache = False
+    assert check_packing(model, DataCollatorWithFlattening()) == 0.0
 
 
 def test_a_model_that_refuses_packed_rows_gets_a_config_error_naming_its_own():

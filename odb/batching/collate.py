@@ -300,7 +300,9 @@ def check_packing(model, collate_fn: Callable[[Sequence[Mapping]], dict] = packe
     ``position_ids`` or ``cu_seq_lens``; a state-space (Mamba), short-convolution or linear-attention layer
     does only where its kernel reads the boundaries.  Measured on tiny random models (transformers 5.24,
     CPU): Bamba, Jamba and LFM2 carried the first sample's tokens into the next sample's logits, silently,
-    while Qwen3-Next and Qwen3.5 refuse packed rows without flash-linear-attention.
+    while Qwen3-Next and Qwen3.5 refuse packed rows without flash-linear-attention.  Attention mixes packed
+    samples too where a KV cache is built: transformers' ``DataCollatorWithFlattening`` on a Llama whose
+    config keeps ``use_cache=True`` (`packed_collate` passes ``use_cache=False`` in the batch).
 
     The probe: random token ids of `lengths` (one sample each) through `collate_fn`, then the same with
     every token of the first sample changed, both through `model` with no gradient, in eval mode (the
