@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -92,3 +93,132 @@ def test_rows_of_different_lengths_or_fills_that_are_not_numbers_are_refused():
         exchange_plan([[1, 2], [3]])
     with pytest.raises(ValueError, match="numbers or None"):
         exchange_plan([[1, "2"]])
+
+
+# -- the rank core runs the plan (`odb.core.rank`, driven by `odb.core.sim`) ------------------------------------
+
+def _point(world, per_rank, kind="padded", seed=0):
+    from odb.batching import make_cost_model
+    from odb.batching.exchange import batch_fill  # noqa: F401  (imported where the expectation uses it)
+
+    g = random.Random(seed)
+    sizes = [(min(8192, int(g.lognormvariate(6.5, 1.0)) + 1),) for _ in range(world * per_rank)]
+    return sizes, make_cost_model(kind, 8192)
+
+
+def _expected(rows, sizes, cost, steps, attention):
+    """`exchange_plan` on int fills (`batch_fill`) applied to every formed round but the last."""
+    from odb.batching.exchange import batch_fill
+
+    out, a = [list(r) for r in rows], 0
+    bounds = []
+    for t in steps:
+        bounds.append((a, a + t))
+        a += t
+    for a, b in bounds[:-1]:
+        batch = [[rows[r][k] for k in range(a, b)] for r in range(len(rows))]
+        plan = exchange_plan([[None if bt is None else batch_fill([sizes[i] for i in bt], cost, attention)
+                               for bt in row] for row in batch])
+        for r, row in enumerate(plan):
+            for j, o in enumerate(row):
+                out[r][a + j] = None if o is None else batch[o[0]][o[1]]
+    return out
+
+
+@pytest.mark.parametrize("world, window, pool, mode, kind", [
+    (12, 48, 1, "pad", "padded"), (16, 32, 4, "pad", "packed"), (8, 40, 1, "quota", "quadratic"),
+    (8, 24, 2, "pad", "padded")])
+def test_the_rank_core_exchanges_every_round_but_the_last_as_the_plan_says(world, window, pool, mode, kind):
+    from odb.batching import default_policy
+    from odb.core.sim import simulate
+
+    sizes, cost = _point(world, 6 * window, kind)
+    run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
+    plain = simulate([[] for _ in range(world)], cost, **run)
+    ex = simulate([[] for _ in range(world)], cost, exchange=True, **run)
+    assert ex.targets == plain.targets  # the exchange forms the same batches in the same rounds
+    steps = [-(-t // pool) for t in plain.targets[:-1]]  # the last collective stops the pass: it forms nothing
+    assert sum(steps) == len(plain.batches[0])
+    assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention)
+    assert ex.batches != plain.batches  # batches did move
+    if pool > 1:  # every rank's own replica, as the runtime runs them: the same batches
+        assert simulate([[] for _ in range(world)], cost, exchange=True, replicas=True, **run).batches == ex.batches
+
+
+@pytest.mark.parametrize("pool", [1, 4])
+def test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once(pool):
+    from odb.core.sim import simulate
+
+    world, window = 8, 32
+    sizes, cost = _point(world, 5 * window, seed=3)
+    ex = simulate([[] for _ in range(world)], cost, window=window, mode="pad", deal=sizes, pool_size=pool,
+                  exchange=True, infos=True, replicas=True)  # every rank's own core: its own step numbers
+    got = sorted(i for row in ex.batches for b in row if b for i in b)
+    assert got == list(range(len(sizes)))
+    steps = len(ex.batches[0])
+    assert all(len(row) == steps for row in ex.batches) and all(len(row) == steps for row in ex.infos)
+    moved = 0
+    for j in range(steps):
+        step = [ex.infos[r][j] for r in range(world)]
+        for name in ("samples", "tokens", "label_tokens"):
+            total = sum(getattr(i, "local_" + name) for i in step)
+            assert all(getattr(i, "global_" + name) == total for i in step), (j, name)
+        assert len({i.round for i in step}) == 1 and {i.step for i in step} == {j}
+        if any(not i.filler for i in step):
+            assert sum(i.loss_scale for i in step) == pytest.approx(world)
+        for r, i in enumerate(step):
+            assert (ex.batches[r][j] is None) == i.filler
+            if not i.filler:
+                assert sorted(i.indices) == sorted(ex.batches[r][j])  # positions are the dealt order's indices
+                moved += i.local_samples
+    assert moved == len(sizes)
+
+
+def test_the_exchange_is_refused_where_ranks_run_different_steps_or_own_fixed_shards():
+    from odb.core.sim import simulate
+    from odb.errors import ConfigError
+
+    sizes, cost = _point(2, 16)
+    with pytest.raises(ConfigError, match="round exchange"):
+        simulate([[] for _ in range(2)], cost, window=8, mode="join", deal=sizes, exchange=True)
+    with pytest.raises(ConfigError, match="round exchange"):
+        simulate([sizes[:16], sizes[16:]], cost, window=8, mode="pad", exchange=True)
+
+
+def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_make():
+    from odb.core.header import reduce_posts
+    from odb.core.sim import _Setting
+    from odb.errors import ProtocolError
+
+    world = 4
+    sizes, cost = _point(world, 64, seed=5)
+    from odb.batching import default_policy
+
+    setting = _Setting(world, cost, 16, "pad", default_policy, sizes, None, "label_tokens", exchange=True)
+    cores = [setting.core(r, [], "alone")[0] for r in range(world)]
+    for _ in range(20):
+        posts = []
+        for c in cores:
+            while not c.waiting:
+                o = c.step(lambda: 0)
+                if o.post is not None:
+                    posts.append(o.post)
+        g = reduce_posts(posts)
+        outs = [c.collect(g) for c in cores]
+        waiting = [r for r, c in enumerate(cores) if c.receiving]
+        if waiting:
+            break
+        assert not any(o.send for o in outs)
+    else:
+        pytest.fail("no round moved a batch")
+    r = waiting[0]
+    with pytest.raises(ProtocolError, match="before the exchange's batches were received"):
+        cores[r].step(lambda: 0)
+    with pytest.raises(ProtocolError, match="the plan expects"):
+        cores[r].receive({})
+    sent = {origin: b for o in outs for q, origin, b in o.send if q == r}
+    assert {o for _, o in outs[r].expect} == set(sent)
+    cores[r].receive(sent)
+    assert not cores[r].receiving
+    with pytest.raises(ProtocolError, match="without an exchange pending"):
+        cores[r].receive(sent)

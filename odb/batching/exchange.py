@@ -18,16 +18,49 @@ the batches of one step are neighbours in fill on every rank, not only within on
 
 The plan reads the gathered fills and nothing else, so every rank that gathered the same fills computes
 the same plan: a rank sends exactly the batches the others expect from it, and every batch runs exactly
-once (`check_plan` checks both on any plan).  This is a prototype's decision (issue 15): the runtime has
-no transfer yet, and `paper_repro.scale_grid.exchange_schedule` applies it to simulated rounds.
-``docs/decisions/2026-12-05-exchange-design.md`` gives the design the runtime would need and its costs.
+once (`check_plan` checks both on any plan).  The rank core runs it (`odb.core.rank`, a layout with
+``exchange``) in the simulation; the loader has no transfer yet.  `paper_repro.scale_grid.exchange_schedule`
+applies it to simulated rounds with float fills.  ``docs/decisions/2026-12-05-exchange-design.md`` gives the
+design and its costs.
+
+`batch_fill` is the fill a rank posts for one batch: the policy's (attention-aware) fill of the batch as a
+group of its own, as an int (x ``COST_SCALE``).  `rank_fills` turns the P gathered pool rows of fills
+(pool batch order) into the N ranks' rows of the plan (pool batch k is lane ``k mod G``'s step
+``k div G``; a slot past the round's target, or a filler, is None).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["exchange_plan", "check_plan", "moved"]
+import numpy as np
+
+from .deal import COST_SCALE
+from .grouping import Group
+from .policy import aligned_fill
+
+__all__ = ["exchange_plan", "check_plan", "moved", "batch_fill", "rank_fills", "NO_FILL"]
+
+NO_FILL = -1  # a header's fill for a filler or an absent slot
+
+
+def batch_fill(sizes: Sequence, cost, attention: float) -> int:
+    """One batch's fill as posted: ``round(fill * COST_SCALE)`` of the batch (a list of sample sizes) packed as
+    one group, with the policy's attention (`odb.batching.policy.aligned_fill`)."""
+    sizes = list(sizes)
+    g = Group(tuple(range(len(sizes))), True, cost.utilisation(sizes))
+    return int(round(aligned_fill([g], sizes, cost, attention)[0].fill * COST_SCALE))
+
+
+def rank_fills(pool_fills: np.ndarray, lanes: int, target: int) -> list[list]:
+    """The plan's ``fills[rank][step]`` from the pools' gathered fills (``(P, W)``, pool batch order) for a
+    round of `target` pool batches: ``ceil(target / lanes)`` steps a rank (module docstring)."""
+    P = pool_fills.shape[0]
+    steps = -(-int(target) // lanes)
+    a = np.full((P, steps * lanes), NO_FILL, dtype=np.int64)
+    a[:, :target] = pool_fills[:, :target]
+    a = a.reshape(P, steps, lanes).transpose(0, 2, 1).reshape(P * lanes, steps)
+    return [[None if v < 0 else v for v in row] for row in a.tolist()]
 
 Slot = tuple[int, int]
 

@@ -4,7 +4,7 @@ Legend
     S        the alignment policy's ``summary_len``
     L        ``len(odb.batching.deal.intake_ladder(W))``: 20 for W = 1024
     W        the window (``buffer_size``); a round emits at most W batches per rank
-    length   ``7 + S + 4 + L`` ints, the gathered header, the same on every rank (`HeaderLayout.length`)
+    length   ``7 + S + 4 + L`` ints (``+ W`` with ``exchange``), the gathered header, the same on every rank
 
 Header fields, in order (`Header`):
 
@@ -20,9 +20,14 @@ Header fields, in order (`Header`):
               dealt sharding: items the rank's source returned this epoch, their summed
               cost x ``COST_SCALE``, whether it ran dry, reserve positions it took itself
     intake    L ints: `odb.batching.deal.policy_intake` of the window (zeros unless dealing)
+    fills     W ints, only in a layout with ``exchange`` (`odb.core.rank`, the round exchange): the fill of
+              each batch of the round before (``odb.batching.exchange.batch_fill``, pool batch order), -1 for
+              a filler or a slot past the round's target
 
 Beside the header each rank posts ``counts``, 3W ints: ``counts[3k + b]``, count b (tokens, label
-tokens, samples) of its k-th batch of the PREVIOUS round (0 for fillers and absent batches).  Only
+tokens, samples) of its k-th batch of the PREVIOUS round (0 for fillers and absent batches).  With
+``exchange``, 6W: first the counts of the batches the exchange placed on the rank one collective earlier
+(at the steps they run), then the round before's as formed (released only if the pass ends there).  Only
 their sum over the ranks is needed (exact loss scaling), and the largest rank's tokens per step
 (the straggler estimate), so the collective reduces them (`Gathered`: a sum of 3W ints and a max of
 W) instead of gathering N x 3W: the bytes a rank receives for them do not grow with N.
@@ -63,6 +68,7 @@ class Header(NamedTuple):
     dry: int
     reserve: int
     intake: tuple[int, ...]
+    fills: tuple[int, ...] = ()
 
 
 class Headers(abc.Sequence):
@@ -121,7 +127,12 @@ class Headers(abc.Sequence):
     @property
     def intake(self) -> np.ndarray:
         """Every rank's intake ladder, one row per rank."""
-        return self.array[:, self.layout._intake:]
+        return self.array[:, self.layout._intake:self.layout._fills]
+
+    @property
+    def fills(self) -> np.ndarray:
+        """Every rank's batch fills (a layout with ``exchange``; no columns otherwise), one row per rank."""
+        return self.array[:, self.layout._fills:]
 
 
 class Post(NamedTuple):
@@ -154,9 +165,10 @@ class HeaderLayout:
     """Encode and decode headers of one shape (``summary_len``, ``W``, ``ladder_len``).
 
     ``lanes``: ranks sharing one window (`odb.core.pool`); each posts counts for its own batches, at
-    most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling)."""
+    most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling).
+    ``exchange``: the round exchange's layout: W fills more in the header, twice the counts."""
 
-    def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1):
+    def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1, exchange: bool = False):
         self.summary_len, self.window, self.ladder_len = int(summary_len), int(window), int(ladder_len)
         if lanes < 1 or self.window % lanes:
             raise ValueError(f"a window of {window} does not split into {lanes} lanes")
@@ -164,21 +176,25 @@ class HeaderLayout:
         self._sum = len(_SCALARS)
         self._deal = self._sum + self.summary_len
         self._intake = self._deal + len(_DEAL)
-        self.length = self._intake + self.ladder_len
-        self.counts_len = 3 * self.steps
+        self.exchange = bool(exchange)
+        self._fills = self._intake + self.ladder_len
+        self.length = self._fills + (self.window if self.exchange else 0)
+        self.counts_len = 3 * self.steps * (2 if self.exchange else 1)
         self.index = {name: k for k, name in enumerate(_SCALARS)}  # `Headers.column`
         self.index.update((name, self._deal + k) for k, name in enumerate(_DEAL))
         self.agreed = np.array([self.index[name] for name in ("round",) + REPLICATED])  # `Replicated._agree`
 
     def encode(self, *, st: int, round: int, n: int, epoch: int, digest: Sequence[int], summary: Sequence[int],
-               taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int]) -> list[int]:
+               taken: int, cost: int, dry: int, reserve: int, intake: Sequence[int],
+               fills: Sequence[int] = ()) -> list[int]:
         """The int vector of one header; raises ValueError if a part has the wrong length."""
         for name, part, want in (("digest", digest, len(REPLICATED) - 1), ("summary", summary, self.summary_len),
-                                 ("intake", intake, self.ladder_len)):
+                                 ("intake", intake, self.ladder_len),
+                                 ("fills", fills, self.window if self.exchange else 0)):
             if len(part) != want:
                 raise ValueError(f"header part {name} has {len(part)} ints, the layout holds {want}")
         out = [int(st), int(round), int(n), int(epoch), *map(int, digest), *map(int, summary),
-               int(taken), int(cost), int(dry), int(reserve), *map(int, intake)]
+               int(taken), int(cost), int(dry), int(reserve), *map(int, intake), *map(int, fills)]
         assert len(out) == self.length
         return out
 
@@ -189,12 +205,12 @@ class HeaderLayout:
         return self._header(list(map(int, row)))  # ints whatever the transport handed (tensor items, numpy ints)
 
     def _header(self, r: list[int]) -> Header:
-        s, d, i = self._sum, self._deal, self._intake
-        return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:]))
+        s, d, i, f = self._sum, self._deal, self._intake, self._fills
+        return Header(*r[:s], tuple(r[s:d]), *r[d:i], tuple(r[i:f]), tuple(r[f:]))
 
     def flat(self, h: Header) -> list[int]:
         """A decoded header's ints, in the layout's order (`decode` undone)."""
-        return [*h[:self._sum], *h.summary, *h[self._sum + 1:self._sum + 1 + len(_DEAL)], *h.intake]
+        return [*h[:self._sum], *h.summary, *h[self._sum + 1:self._sum + 1 + len(_DEAL)], *h.intake, *h.fills]
 
     def decode_all(self, rows) -> Headers:
         """Every rank's header at once: `rows` an ``(N, length)`` int array (what the transport hands), a
@@ -218,7 +234,8 @@ class HeaderLayout:
         return Headers(self, a)
 
     def check_reduced(self, g: Gathered) -> None:
-        """ValueError unless the reduced counts have this layout's shape (3 steps sums, steps maxima)."""
-        if len(g.totals) != self.counts_len or len(g.tokens_max) != self.steps:
+        """ValueError unless the reduced counts have this layout's shape (``counts_len`` sums, a third as
+        many maxima)."""
+        if len(g.totals) != self.counts_len or len(g.tokens_max) != self.counts_len // 3:
             raise ValueError(f"reduced counts of {len(g.totals)} + {len(g.tokens_max)} ints, the layout holds "
-                             f"{self.counts_len} + {self.steps}")
+                             f"{self.counts_len} + {self.counts_len // 3}")

@@ -21,6 +21,14 @@ round's replicated decision is `odb.core.replica.Replicated.decide`; the header 
 
 Exact loss scaling: the batches of round r are held until the collective of round r + 1 (or the
 final stop) returns every rank's counts for them, then released with their global counts.
+
+The round exchange (a layout with ``exchange``; `odb.batching.exchange`): round r's batches are held as
+formed, their fills posted in round r + 1's header.  When that collective returns, every rank computes the
+same `exchange_plan` from the gathered fills, and the core hands its driver the batches to send
+(`Out.send`) and the slots it expects (`Out.expect`); the driver moves them and calls `receive` before the
+core's next step.  The placed batches' counts go into round r + 2's header, at the steps they run, and they
+are released when that collective returns.  The last round (the pass ends at the next collective) is
+released as formed, with the counts posted for it as formed.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import call_partition, check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
-from ..errors import ProtocolError, RankFailure, SampleError
+from ..batching.exchange import NO_FILL, batch_fill, exchange_plan, rank_fills
+from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
 from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
@@ -102,6 +111,8 @@ class Out(NamedTuple):
     local_error: BaseException | None = None       # this rank only: hand it over now; the status is FAILED
     replicated_error: BaseException | None = None  # every rank alike: hand it over behind `release`
     abort_error: BaseException | None = None       # the epoch ended by another rank's abort
+    send: tuple = ()                     # exchange: (rank, origin slot, batch) for the driver to send
+    expect: tuple = ()                   # exchange: (rank, origin slot) the driver must hand to `receive`
 
 
 class RankCore:
@@ -143,6 +154,17 @@ class RankCore:
         self._window: list[Item] = []
         self._groups: list[int] = []
         self._held: list[Batch] = []     # this round's batches, released after the next collective
+        self.exchange = layout.exchange
+        self._placed: list[tuple[int, Batch]] = []  # exchange: the round before's, (step, batch) as placed
+        self._fills = [-1] * layout.window if self.exchange else ()
+        self._round_target = 0           # exchange: the target of the round whose batches are held
+        self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
+        self._attention = float(getattr(policy, "attention", 0.0) or 0.0)
+        self._send: tuple = ()
+        self._expect: tuple = ()
+        if self.exchange and (mode == JOIN or self.deal is None):
+            raise ConfigError("the round exchange needs mode 'pad' or 'quota' (every rank runs the same steps) and "
+                              "dealt sharding (a moved batch's positions are in the global order)")
         self._counts = [0] * layout.counts_len
         self._fetched: Item | None = None
         self._prepared: tuple[list[int], list[int]] | None = None
@@ -175,6 +197,11 @@ class RankCore:
         return self._ended
 
     @property
+    def receiving(self) -> bool:
+        """The exchange: the driver owes this core the batches of `Out.expect` (`receive`)."""
+        return self._pending is not None
+
+    @property
     def decision(self):
         """The last collective's `odb.core.replica.Decision` (None before the first)."""
         return self._decision
@@ -188,6 +215,8 @@ class RankCore:
         """Fire one FILL or EMIT row; `status()` is the driver's stop status (read when a row asks)."""
         if self.waiting or self.done:
             raise ProtocolError(f"RankCore.step in phase {self.local['ph']}; use collect() in WAIT")
+        if self._pending is not None:
+            raise ProtocolError(f"rank {self.rank}: RankCore.step before the exchange's batches were received")
         self._status_fn = status
         self._fetched = None
         try:
@@ -353,7 +382,8 @@ class RankCore:
             end = self._ended = True  # nothing held, the source exhausted: no more batches (JOIN keeps posting)
         if self.done and self.local["aborted"] and self.status == OK:
             abort_err = self._abort_error(self.local["rd"] - 1)
-        return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err)
+        send, expect, self._send, self._expect = self._send, self._expect, (), ()
+        return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err, send, expect)
 
     def _filler(self, lane: int = 0) -> Batch:
         if self._template is None and self._quit() == OK:
@@ -375,6 +405,10 @@ class RankCore:
             self.stats.budget_batches += 1
         self._held.append(b)
         lane, m = lane_of(k, self.lanes)
+        if self.exchange:  # the fill for the plan; the counts as formed go after the placed round's
+            if taken is not None:
+                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)
+            m += self.layout.steps
         if self.lane is None:  # the pool's one core (a simulation): every lane's counts, summed
             self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
         elif lane == self.lane:  # this lane's own batches, at its own step index
@@ -386,10 +420,16 @@ class RankCore:
         summary, intake = self._prepared
         self._prepared = None
         digest = self.replica.digest()
+        fills = self._fills
+        if self.exchange:
+            self._fills = [NO_FILL] * self.layout.window
+            c = self._counts
+            for m, b in self._placed:  # the placed round's counts at the steps they run (a pool's one core: summed)
+                c[3 * m:3 * m + 3] = [a + x for a, x in zip(c[3 * m:3 * m + 3], b.counts)]
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
             summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
-            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake)
+            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake, fills=fills)
         counts, self._counts = self._counts, [0] * self.layout.counts_len
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
@@ -401,6 +441,7 @@ class RankCore:
         release, rep_err = (), None
         if s.row == "return_abort":
             self._held = []  # the epoch ends here on every rank: the last round's batches are not released
+            self._placed = []
         else:
             release, rep_err = self._release(final=s.after["ph"] == DONE)
         if s.row == "return_stop" and self.mode == QUOTA:
@@ -415,15 +456,84 @@ class RankCore:
             "inputs": dict(self._decision.inputs)}}
 
     def _release(self, final: bool) -> tuple[tuple, BaseException | None]:
-        """The previous round's batches with their global counts.
+        """The batches whose global counts this collective returned (module docstring): the previous round's,
+        or with the exchange the round placed one collective ago, then at the pass's end the previous round's
+        as formed; with the exchange and the pass going on, the previous round's batches are planned."""
+        if not self.exchange:
+            held, self._held = self._lanes(self._held), []
+            return self._hand(held, self._totals, self._tokens_max, self._posted - 2, final)
+        S = self.layout.steps
+        placed, self._placed = self._placed, []
+        out, err = self._hand(placed, self._totals[:3 * S], self._tokens_max[:S], self._posted - 3,
+                              final and not self._held)
+        if err is not None:  # every rank stops here (the counts are gathered): nothing more is planned
+            self._held = []
+            return out, err
+        if not final:
+            self._plan()
+            self._round_target = self._decision.target
+            return out, None
+        held, self._held = self._lanes(self._held), []
+        more, err = self._hand(held, self._totals[3 * S:], self._tokens_max[S:], self._posted - 2, True)
+        return (out + more if err is None else ()), err
+
+    def _plan(self) -> None:
+        """The exchange of the previous round's batches (module docstring): this core's sends and the slots it
+        expects, from the gathered fills only (`exchange_plan`); its own batches are kept."""
+        G, T, held = self.lanes, self._round_target, self._held
+        if len(held) != T:
+            raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
+        self._held = []
+        plan = exchange_plan(rank_fills(self._rows.fills, G, T))
+        pool = self.rank if self.lane is None else self.rank // G
+        own = list(range(pool * G, pool * G + G)) if self.lane is None else [self.rank]
+        mine = set(own)
+        dest = {o: q for q, row in enumerate(plan) for o in row if o is not None}
+        send, kept = [], {}
+        for k, b in enumerate(held):
+            j, m = lane_of(k, G)
+            if b.filler or (self.lane is not None and j != self.lane):
+                continue  # fillers never move; another lane of the pool sends its own slots
+            origin = (pool * G + j, m)
+            q = dest[origin]
+            if q in mine:
+                kept[origin] = b
+            else:
+                send.append((q, origin, b))
+        expect = tuple((o[0], o) for q in own for o in plan[q] if o is not None and o[0] not in mine)
+        self._send, self._expect = tuple(send), expect
+        self._pending = {"rows": [(q - pool * G, plan[q]) for q in own], "kept": kept,
+                         "expect": {o for _, o in expect}}
+        if not expect:
+            self.receive({})
+
+    def receive(self, got: dict) -> None:
+        """The exchange's batches this core expected (`Out.expect`), by origin slot: the driver calls it once
+        after the collect that planned them, before the next `step`.  ProtocolError on a missing or an extra one."""
+        p = self._pending
+        if p is None:
+            raise ProtocolError(f"rank {self.rank}: RankCore.receive without an exchange pending")
+        if set(got) != p["expect"]:
+            raise ProtocolError(f"rank {self.rank}: the exchange delivered slots {sorted(got)}, the plan expects "
+                                f"{sorted(p['expect'])}")
+        placed, kept = [], p["kept"]
+        for j, row in p["rows"]:
+            for m, o in enumerate(row):
+                b = self._filler(j) if o is None else (kept.pop(o) if o in kept else got[o])
+                b.lane = j
+                placed.append((m, b))
+        self._placed, self._pending = placed, None
+
+    def _hand(self, held: list, totals: Sequence[int], tokens_max: Sequence[int], rnd: int,
+              final: bool) -> tuple[tuple, BaseException | None]:
+        """`held` (step index in its round, batch) with the global counts `totals` and `tokens_max`.
 
         ``loss_basis="label_tokens"``: a step with tokens but no label token on any rank gets
         ``loss_scale = 0`` on every rank (counted in ``stats.zero_label_steps``); once
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
-        held, self._held = self._lanes(self._held), []
-        totals, tokens_max, ws, slot = self._totals, self._tokens_max, self.world_size, self.loss_slot
-        own, rnd, epoch, step = self.lane or 0, self._posted - 2, self.epoch, self._steps
+        ws, slot = self.world_size, self.loss_slot
+        own, epoch, step = self.lane or 0, self.epoch, self._steps
         stats = self.stats  # its running sums in locals, written back once: the same float additions in order
         t_max, t_mean, zero, labels, samples = (stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps,
                                                 self._labels_seen, self._samples_seen)

@@ -45,7 +45,7 @@ class SimResult:
     QUOTA's unemitted positions (dealt: the undealt ones on rank 0).  ``decision_s``: per rank and round,
     the seconds spent in the policy.  ``reserve_taken[rank]``: dealt positions a rank took from its
     reserve (a rank topped up to its bound takes none unless it drops samples).  ``stats``: each rank's
-    counters."""
+    counters.  ``infos[rank][step]``: each released batch's `StepInfo` (``simulate(..., infos=True)``)."""
 
     batches: list[list[list[int] | None]]
     rounds: int
@@ -54,6 +54,7 @@ class SimResult:
     targets: list[int] = field(default_factory=list)
     reserve_taken: list[int] = field(default_factory=list)
     stats: list[LoaderStats] = field(default_factory=list)
+    infos: list[list] | None = None
 
 
 def _measure(m) -> tuple | None:
@@ -74,6 +75,7 @@ class _Timed:
         groups = getattr(inner, "groups", None)
         if groups is not None:
             self.groups = groups
+        self.attention = getattr(inner, "attention", 0.0)  # the fill the exchange posts (`odb.core.rank`)
 
     def _timed(self, fn, *a, **k):
         t0 = time.perf_counter()
@@ -153,14 +155,14 @@ class _Setting:
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
     def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str,
-                 share_deals: bool = True, lanes: int = 1):
+                 share_deals: bool = True, lanes: int = 1, exchange: bool = False):
         self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
         self.lanes, self.pools = lanes, n // lanes
         self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, lanes)
         pol = policy()
         self._spare = [pol]  # the first core takes it: one policy per rank, as the runtime builds them
         w = lanes * window  # the table's window: a pool's
-        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes)
+        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes, exchange)
         self.shared = Shared(protocol="sim", window=w, mode=mode, sharding="fixed" if deal is None else "dealt",
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
                              loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes)
@@ -192,7 +194,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
              policy: Callable[[], AlignmentPolicy] | None = None, max_rounds: int = 10**7,
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
              loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
-             share_deals: bool = True, pool_size: int = 1, replicas: bool = False) -> SimResult:
+             share_deals: bool = True, pool_size: int = 1, replicas: bool = False,
+             exchange: bool = False, infos: bool = False) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
@@ -209,6 +212,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     By default one core per pool releases every lane's batches (the lanes' cores are its replicas);
     ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
     batches; the stats' straggler estimate ``step_tokens_max`` is exact only then).
+    ``exchange``: the round exchange (`odb.core.rank`, `odb.batching.exchange`; PAD or QUOTA, dealt): each
+    round's batches are re-dealt across the ranks by fill, the moved ones handed from core to core here.
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
@@ -218,14 +223,14 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     check_pool(n, pool_size, mode, "fixed" if deal is None else "dealt")
     if policy is None:  # the loader's default: `default_policy` for its pool size
         policy = functools.partial(default_policy, pool_size)
-    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size)
+    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size, exchange)
     one = pool_size > 1 and not replicas  # one core per pool
     lane = (lambda r: None) if one else (lambda r: r % pool_size)  # noqa: E731
     cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize, lane(r))
                                           for r in range(setting.pools if one else n))))
     layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
-    res = SimResult(out, 0, [[] for _ in range(n)])
+    res = SimResult(out, 0, [[] for _ in range(n)], infos=[[] for _ in range(n)] if infos else None)
     ok = lambda: 0  # noqa: E731 - a simulated rank never stops on its own
     while True:
         before = [p.seconds for p in pols]
@@ -245,8 +250,17 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
             raise RuntimeError(f"simulation did not finish within {max_rounds} rounds")
         g = reduce_posts(posts)  # decoded once for every rank (each runtime rank decodes its own)
         g = g._replace(rows=layout.decode_all(g.rows))
+        moved: dict[int, dict] = {}
         for r, c in enumerate(cores):
-            _take(c.collect(g), r, out, res, pool_size if one else 0)
+            o = c.collect(g)
+            _take(o, r, out, res, pool_size if one else 0)
+            for q, origin, b in o.send:  # the exchange: to the core that runs rank q
+                moved.setdefault(q // pool_size if one else q, {})[origin] = b
+        for r, c in enumerate(cores):
+            if c.receiving:
+                c.receive(moved.pop(r, {}))
+        if moved:
+            raise ProtocolError(f"the exchange sent batches to cores that expected none: {sorted(moved)}")
         res.targets.append(cores[0].decision.target)
         res.decision_s.extend(p.seconds - b for p, b in zip(pols, before))
     for r, c in enumerate(cores):
@@ -310,5 +324,8 @@ def _take(o, r: int, out: list, res: SimResult, lanes: int = 0) -> None:
     if err is not None:
         raise err
     for b in o.release:
-        out[r * lanes + b.lane if lanes else r].append(None if b.filler else list(b.positions))
+        q = r * lanes + b.lane if lanes else r
+        out[q].append(None if b.filler else list(b.positions))
+        if res.infos is not None:
+            res.infos[q].append(b.info)
 
