@@ -156,7 +156,7 @@ class RankCore:
         self._held: list[Batch] = []     # this round's batches, released after the next collective
         self.exchange = layout.exchange
         self._placed: list[tuple[int, Batch]] = []  # exchange: the round before's, (step, batch) as placed
-        self._fills = [-1] * layout.window if self.exchange else ()
+        self._fills = [NO_FILL] * layout.window if self.exchange else ()
         self._round_target = 0           # exchange: the target of the round whose batches are held
         self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
         self._attention = float(getattr(policy, "attention", 0.0) or 0.0)
