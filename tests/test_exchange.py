@@ -222,3 +222,32 @@ def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_m
     assert not cores[r].receiving
     with pytest.raises(ProtocolError, match="without an exchange pending"):
         cores[r].receive(sent)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([(2, 1), (4, 1), (4, 2), (6, 3), (8, 4)]), st.integers(3, 12), st.integers(2, 6),
+       st.sampled_from(["pad", "quota"]), st.sampled_from(["padded", "packed"]), st.integers(0, 10**6))
+def test_any_small_run_exchanges_as_the_plan_says_and_keeps_exact_counts(ranks_pool, window, rounds, mode, kind,
+                                                                            seed):
+    from odb.batching import default_policy
+    from odb.core.sim import simulate
+
+    world, pool = ranks_pool
+    if pool > 1:
+        mode = "pad"  # pools run PAD only
+    g = random.Random(seed)
+    from odb.batching import make_cost_model
+
+    cost = make_cost_model(kind, 512)
+    sizes = [(g.choice([1, 3, 17, 60, 200, 511, 700]),) for _ in range(world * window * rounds)]
+    run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
+    plain = simulate([[] for _ in range(world)], cost, **run)
+    ex = simulate([[] for _ in range(world)], cost, exchange=True, infos=True, replicas=pool > 1, **run)
+    steps = [-(-t // pool) for t in plain.targets[:-1]]
+    assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention)
+    if mode == "pad":
+        assert sorted(i for row in ex.batches for b in row if b for i in b) == list(range(len(sizes)))
+    for j in range(len(ex.batches[0])):
+        step = [ex.infos[r][j] for r in range(world)]
+        for name in ("samples", "tokens", "label_tokens"):
+            assert {getattr(i, "global_" + name) for i in step} == {sum(getattr(i, "local_" + name) for i in step)}
