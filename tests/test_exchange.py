@@ -99,7 +99,6 @@ def test_rows_of_different_lengths_or_fills_that_are_not_numbers_are_refused():
 
 def _point(world, per_rank, kind="padded", seed=0):
     from odb.batching import make_cost_model
-    from odb.batching.exchange import batch_fill  # noqa: F401  (imported where the expectation uses it)
 
     g = random.Random(seed)
     sizes = [(min(8192, int(g.lognormvariate(6.5, 1.0)) + 1),) for _ in range(world * per_rank)]
@@ -190,10 +189,10 @@ def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_m
     from odb.core.sim import _Setting
     from odb.errors import ProtocolError
 
-    world = 4
-    sizes, cost = _point(world, 64, seed=5)
     from odb.batching import default_policy
 
+    world = 4
+    sizes, cost = _point(world, 64, seed=5)
     setting = _Setting(world, cost, 16, "pad", default_policy, sizes, None, "label_tokens", exchange=True)
     cores = [setting.core(r, [], "alone")[0] for r in range(world)]
     for _ in range(20):
@@ -232,12 +231,12 @@ def test_any_small_run_exchanges_as_the_plan_says_and_keeps_exact_counts(ranks_p
     from odb.batching import default_policy
     from odb.core.sim import simulate
 
+    from odb.batching import make_cost_model
+
     world, pool = ranks_pool
     if pool > 1:
         mode = "pad"  # pools run PAD only
     g = random.Random(seed)
-    from odb.batching import make_cost_model
-
     cost = make_cost_model(kind, 512)
     sizes = [(g.choice([1, 3, 17, 60, 200, 511, 700]),) for _ in range(world * window * rounds)]
     run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
