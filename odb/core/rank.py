@@ -159,7 +159,7 @@ class RankCore:
         self._fills = [NO_FILL] * layout.window if self.exchange else ()
         self._round_target = 0           # exchange: the target of the round whose batches are held
         self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
-        self._attention = float(getattr(policy, "attention", 0.0) or 0.0)
+        self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0
         self._send: tuple = ()
         self._expect: tuple = ()
         if self.exchange and (mode == JOIN or self.deal is None):

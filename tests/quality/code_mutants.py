@@ -693,7 +693,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (X + "test_the_rank_core_exchanges_every_round_but_the_last_as_the_plan_says",),
                "a placed batch keeps its old lane: a pool's one core releases it on another rank's row"),
     CodeMutant("core_exchange_plain_fill", "odb/core/rank.py",
-               'self._attention = float(getattr(policy, "attention", 0.0) or 0.0)', "self._attention = 0.0",
+               'self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0',
+               "self._attention = 0.0",
                (X + "test_the_rank_core_exchanges_every_round_but_the_last_as_the_plan_says",),
                "the posted fills ignore the policy's attention: the plan lines up budget cost, not step time"),
     # -- check_packing: a model that mixes packed samples is refused (odb.batching.collate) -----------------------
