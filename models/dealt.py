@@ -212,7 +212,7 @@ class DealtModel:
 
     def __init__(self, cfg: DealtConfig, table: Table = DGAP):
         self.c, self.table = cfg, table
-        self.cfg = {"W": cfg.W, "mode": cfg.mode, "header_len": 1}
+        self.cfg = {"W": cfg.W, "mode": cfg.mode, "header_len": 1, "xchg": 0}
         self.rep = Replicas(self.order_cls, cfg.total, cfg.n)
         self._init_local = tuple(machine.initial_local(table, self.cfg)[f] for f in table.field_names)
         self._fields = table.field_names

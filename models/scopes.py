@@ -22,6 +22,7 @@ class Scope:
     :param confluence_n_max: the largest N of the confluence runs (None: n_max);
         confluence is checked only when ``quits == 0`` (a quit is an environment
         choice, not a policy choice, so it may change the outcome).
+    :param xchg: the table's cfg ``xchg``: 1 runs the round exchange's flush round at the pass's end.
     :param witnesses: False for a scope too small for some ``sometimes`` witness
         (e.g. D <= 1 < W holds no carry): its witnesses are not checked there;
         `proofs.report` still requires every witness to be found in some scope.
@@ -34,9 +35,11 @@ class Scope:
     quits: int = 0
     confluence_n_max: int | None = None
     witnesses: bool = True
+    xchg: int = 0
 
     def __str__(self) -> str:
-        return f"N<={self.n_max}, D<={self.d_max}, W={self.w}" + (f", quits<={self.quits}" if self.quits else "")
+        return (f"N<={self.n_max}, D<={self.d_max}, W={self.w}" + (f", quits<={self.quits}" if self.quits else "")
+                + (", exchange (xchg=1)" if self.xchg else ""))
 
 
 # Sized by the explicit engine to fit `make verify` (about a minute on 2 cores); figures in proofs/REPORT.md.
@@ -50,6 +53,8 @@ CI_SCOPES = (
     Scope(n_max=4, d_max=2, w=2, quits=1),
     Scope(n_max=3, d_max=2, w=2, quits=2),
     Scope(n_max=3, d_max=3, w=2),
+    Scope(n_max=5, d_max=2, w=2, confluence_n_max=4, xchg=1),
+    Scope(n_max=3, d_max=2, w=2, quits=2, xchg=1, witnesses=False),
 )
 # `make verify-deep` (minutes, on top of CI_SCOPES): N<=10 at D<=1, N<=7 at D<=2, quits at N<=8 (D<=1) and
 # N<=5 (D<=2).  N=8 at D<=2 (~10M canonical states per mode) does not fit a shared 24 GiB machine.

@@ -190,5 +190,5 @@ def test_the_explicit_bound_is_the_one_the_symbolic_engine_states():
     from proofs.explicit.check import Z3_BOUND_TEXT
     from proofs.symbolic import BOUND_FORMULA
     assert Z3_BOUND_TEXT in BOUND_FORMULA.replace(" ", " ")
-    assert "max_i d_i + 1 (pad, join)" in BOUND_FORMULA and "min_i d_i + 1 (quota)" in BOUND_FORMULA
+    assert "max_i d_i + 1 + xchg (pad, join)" in BOUND_FORMULA and "min_i d_i + 1 + xchg (quota)" in BOUND_FORMULA
     assert "+ R + N" in BOUND_FORMULA and "quit" in BOUND_FORMULA  # one quit per rank on top

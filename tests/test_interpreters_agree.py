@@ -167,23 +167,23 @@ def _reachable(model: Model, vectors) -> list[SysState]:
 
 
 @lru_cache(maxsize=None)
-def _states(mode: int, vectors: tuple, quits: int = QUITS) -> tuple[SysState, ...]:
-    return tuple(_reachable(Model(W=W, mode=mode, quits=quits), vectors))
+def _states(mode: int, vectors: tuple, quits: int = QUITS, xchg: int = 0) -> tuple[SysState, ...]:
+    return tuple(_reachable(Model(W=W, mode=mode, quits=quits, xchg=xchg), vectors))
 
 
-def _sampled(mode: int, n: int) -> list[SysState]:
+def _sampled(mode: int, n: int, xchg: int = 0) -> list[SysState]:
     out: list[SysState] = []
     for data, stride in AGREE[n]:
-        out += _states(mode, (data,))[::stride]
+        out += _states(mode, (data,), xchg=xchg)[::stride]
     return out
 
 
 class _Z3Successors:
     """The z3 transition relation at a fixed N, with scalar post-state variables (one per rank and field)."""
 
-    def __init__(self, mode: int, n: int):
+    def __init__(self, mode: int, n: int, xchg: int = 0):
         self.n = n
-        self.enc = enc = Encoder(DGAP, mode, tag=f"#{mode}.{n}")
+        self.enc = enc = Encoder(DGAP, mode, tag=f"#{mode}.{n}.{xchg}")
         self.pre = enc.state("pre")
         self.fields = list(DGAP.field_names) + list(ENV_ARRAYS)
         kind = {f.name: f.kind for f in DGAP.fields}
@@ -215,7 +215,7 @@ class _Z3Successors:
         self.any = z3.Bool("sel.any")
         self.solver = z3.Solver()
         self.solver.set("timeout", 20_000)
-        self.solver.add(*enc.background, enc.N == n, cfg["W"] == W, cfg["header_len"] == 1,
+        self.solver.add(*enc.background, enc.N == n, cfg["W"] == W, cfg["header_len"] == 1, cfg["xchg"] == xchg,
                         *[z3.Implies(b, alt) for b, alt in zip(self.selectors, alts)],
                         z3.Implies(self.any, z3.Or(*self.selectors)))
 
@@ -291,11 +291,11 @@ def _explicit(model: Model, s: SysState) -> set:
 
 
 @pytest.mark.parametrize("mode", MODES, ids=["pad", "join", "quota"])
-@pytest.mark.parametrize("n", (1, 2, 3), ids=["N1", "N2", "N3"])
-def test_z3_successors_equal_explicit_successors(mode, n):
-    model = Model(W=W, mode=mode, quits=QUITS)
-    z = _Z3Successors(mode, n)
-    states = _sampled(mode, n)
+@pytest.mark.parametrize("n, xchg", ((1, 0), (2, 0), (3, 0), (2, 1)), ids=["N1", "N2", "N3", "N2-exchange"])
+def test_z3_successors_equal_explicit_successors(mode, n, xchg):
+    model = Model(W=W, mode=mode, quits=QUITS, xchg=xchg)
+    z = _Z3Successors(mode, n, xchg)
+    states = _sampled(mode, n, xchg)
     fired = set()
     for s in states:
         want = _explicit(model, s)
@@ -307,6 +307,8 @@ def test_z3_successors_equal_explicit_successors(mode, n):
     expected = {r.name for r in DGAP.rows} | {"complete", QUIT}
     if mode != PAD or n == 1:
         expected.discard("emit_filler")
+    if not xchg:
+        expected.discard("return_flush")  # the round exchange's flush round
     assert fired == expected, sorted(expected - fired)
 
 
@@ -352,7 +354,7 @@ def test_deadlock_query_ingredients_match_the_explicit_model(mode):
     sv = z3.Solver()
     sv.set("timeout", 20_000)
     cfg = enc.cfg
-    sv.add(*enc.background, enc.N == n, cfg["W"] == W, cfg["header_len"] == 1)
+    sv.add(*enc.background, enc.N == n, cfg["W"] == W, cfg["header_len"] == 1, cfg["xchg"] == 0)
     enabled = [enc.local_enabled(pre, z3.IntVal(j)) for j in range(n)]
     disabled = enc.complete_disabled(pre)
     seen = set()

@@ -19,7 +19,8 @@ the batches of one step are neighbours in fill on every rank, not only within on
 The plan reads the gathered fills and nothing else, so every rank that gathered the same fills computes
 the same plan: a rank sends exactly the batches the others expect from it, and every batch runs exactly
 once (`check_plan` checks both on any plan).  The rank core runs it (`odb.core.rank`, a layout with
-``exchange``) in the simulation; the loader has no transfer yet.  `paper_repro.scale_grid.exchange_schedule`
+``exchange``, the table's flush round for the pass's last round) in the simulation; the loader has no
+transfer yet.  `paper_repro.scale_grid.exchange_schedule`
 applies it to simulated rounds with float fills.  ``docs/decisions/2026-12-05-exchange-design.md`` gives the
 design and its costs.
 

@@ -27,8 +27,10 @@ formed, their fills posted in round r + 1's header.  When that collective return
 same `exchange_plan` from the gathered fills, and the core hands its driver the batches to send
 (`Out.send`) and the slots it expects (`Out.expect`); the driver moves them and calls `receive` before the
 core's next step.  The placed batches' counts go into round r + 2's header, at the steps they run, and they
-are released when that collective returns.  The last round (the pass ends at the next collective) is
-released as formed, with the counts posted for it as formed.
+are released when that collective returns.  The pass's last round is planned at the first stop, which the
+table then sends through one more round (``return_flush``, cfg ``xchg``): its collective carries that round's
+counts.  A core whose table ran without the flush would release its last round as formed, with the counts
+posted for it as formed (the second half of the counts, unused when ``xchg = 1``).
 """
 
 from __future__ import annotations

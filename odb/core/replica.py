@@ -128,7 +128,8 @@ class Replicated:
         self.shared, self.world_size, self.aheads = shared, int(world_size), tuple(int(a) for a in aheads)
         self._aheads = np.array(self.aheads, dtype=np.int64)  # what `round_needs` reads every round
         self.policy, self.order, self.epoch, self.table = policy, order, int(epoch), table
-        self.cfg = {"W": shared.window, "mode": MODES[shared.mode], "header_len": shared.header_len}
+        self.cfg = {"W": shared.window, "mode": MODES[shared.mode], "header_len": shared.header_len,
+                    "xchg": int(shared.exchange)}
         self.round = 0            # the index of the next collective
         self.last = (0, 0)        # the previous round's (target, proposal)
 

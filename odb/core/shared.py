@@ -26,7 +26,7 @@ GATHERED = ("ahead",)  # per-rank values gathered with the check (each rank's ow
 PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, pool_size", "mode": "mode",
               "sharding": "sharding", "header_len": "policy, buffer_size", "policy": "policy",
               "cost": "cost, token_budget", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size"}
+              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size", "exchange": "the round exchange"}
 
 
 def _crc(text: str) -> int:
@@ -47,6 +47,7 @@ class Shared:
     :param cost: `describe_cost` of the cost model (budgets included).
     :param loss_basis: "label_tokens" | "tokens" | "samples" (the global counts every scale divides by).
     :param shift_labels: how label tokens are counted (the global label counts are sums of every rank's).
+    :param exchange: the round exchange (`odb.core.rank`): the table's cfg ``xchg``.
     :param order: how the loader builds its own order (``"shuffle=True seed=0 positions=600"``), or
         "own" when each rank brings its own samples (a sampler, an IterableDataset).
     """
@@ -62,6 +63,7 @@ class Shared:
     shift_labels: bool
     order: str
     lanes: int = 1
+    exchange: bool = False
 
     def vector(self) -> list[int]:
         """One int per field (strings as CRC-32), in field order: what the construction check gathers."""

@@ -165,7 +165,8 @@ class _Setting:
         self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes, exchange)
         self.shared = Shared(protocol="sim", window=w, mode=mode, sharding="fixed" if deal is None else "dealt",
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
-                             loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes)
+                             loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes,
+                             exchange=exchange)
         self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None

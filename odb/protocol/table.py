@@ -4,6 +4,7 @@ Legend
     N       number of ranks (any N >= 1; never appears in the table)
     W       window: samples a rank holds per round, carry included (cfg ``W`` >= 1)
     mode    PAD (0), JOIN (1) or QUOTA (2) (cfg ``mode``)
+    xchg    1 with the round exchange (`odb.core.rank`), else 0 (cfg ``xchg``)
     round   one header collective (an all-gather of a fixed-size header), then the decided number of local batches
 
 One round, as every rank runs it (one row = one ``step()`` of the runtime):
@@ -12,6 +13,10 @@ One round, as every rank runs it (one row = one ``step()`` of the runtime):
     FILL --post_header------------------> WAIT    SYNC: post ``n = buf`` to the round's collective
     WAIT --return_abort-----------------> DONE    some rank posted a non-zero status: every rank stops
     WAIT --return_stop------------------> DONE    the gathered headers say the epoch is over
+    WAIT --return_flush-----------------> FILL    the same, with the round exchange (cfg ``xchg = 1``): one
+                                                  more round (``fl``) that takes no sample and posts the
+                                                  same windows, so its collective stops again; the rank
+                                                  core releases the last round's exchanged batches there
     WAIT --return_go--------------------> EMIT    target ``T`` from the gathered headers only
     EMIT --emit_group / emit_filler-----> EMIT    one local batch per step
     EMIT --end_round--------------------> FILL
@@ -315,6 +320,7 @@ W = Cfg("W")
 MODE = Cfg("mode")
 ph, rd, buf, exhausted = Field("ph"), Field("rd"), Field("buf"), Field("exhausted")
 T, nreal, nfill, pend = Field("T"), Field("nreal"), Field("nfill"), Field("pend")
+fl, XCHG = Field("fl"), Cfg("xchg")
 em, nb, kb = Field("em"), Field("nb"), Field("kb")
 
 _FIELDS = (
@@ -327,6 +333,7 @@ _FIELDS = (
     FieldSpec("nfill", "int", Const(0), "filler batches still to emit this round (PAD)"),
     FieldSpec("pend", "int", Const(0), "samples still to emit this round (the rest of buf is carry)"),
     FieldSpec("aborted", "bool", Const(False), "the epoch ended by an abort (some rank posted a non-zero status)"),
+    FieldSpec("fl", "bool", Const(False), "the exchange's flush round: the pass ends at its collective"),
     FieldSpec("em", "int", Const(0), "ghost: samples emitted so far", ghost=True),
     FieldSpec("nb", "int", Const(0), "ghost: batches emitted so far, fillers included", ghost=True),
     FieldSpec("kb", "int", Const(0), "ghost: batches emitted in this round, fillers included", ghost=True),
@@ -363,23 +370,31 @@ _LETS = (
 _real = mn(Let("target"), buf)  # local: real batches this rank can form this round
 
 _ROWS = (
-    Row("take_sample", FILL, and_(not_(exhausted), lt(buf, W), eq(Input("quit"), 0), Input("src_has")), Effect("fetch"),
+    Row("take_sample", FILL, and_(not_(fl), not_(exhausted), lt(buf, W), eq(Input("quit"), 0), Input("src_has")),
+        Effect("fetch"),
         (("buf", buf + 1),), FILL,
         "the source produced a sample: add it to the window"),
-    Row("see_exhausted", FILL, and_(not_(exhausted), lt(buf, W), eq(Input("quit"), 0), not_(Input("src_has"))),
+    Row("see_exhausted", FILL, and_(not_(fl), not_(exhausted), lt(buf, W), eq(Input("quit"), 0),
+                                    not_(Input("src_has"))),
         Effect("fetch"),
         (("exhausted", Const(True)),), FILL,
         "the source is exhausted: remember it (a rank learns this only by asking)"),
-    Row("post_header", FILL, or_(eq(buf, W), exhausted, gt(Input("quit"), 0)),
+    Row("post_header", FILL, or_(eq(buf, W), exhausted, gt(Input("quit"), 0), fl),
         Effect("post", payload=(("n", buf), ("st", Input("quit"))), shape=HEADER_SHAPE),
         (), WAIT,
         "SYNC: every rank posts its window size and status to the round's collective: full, exhausted or stopping"),
     Row("return_abort", WAIT, and_(Input("ready"), Let("abort")), Effect("collect"),
         (("rd", rd + 1), ("aborted", Const(True))), DONE,
         "some rank posted a non-zero status: every rank stops in the same round"),
-    Row("return_stop", WAIT, and_(Input("ready"), not_(Let("abort")), Let("stop")), Effect("collect"),
+    Row("return_stop", WAIT, and_(Input("ready"), not_(Let("abort")), Let("stop"), or_(fl, not_(eq(XCHG, 1)))),
+        Effect("collect"),
         (("rd", rd + 1),), DONE,
         "the gathered headers say the epoch is over: every rank stops in the same round"),
+    Row("return_flush", WAIT, and_(Input("ready"), not_(Let("abort")), Let("stop"), not_(fl), eq(XCHG, 1)),
+        Effect("collect"),
+        (("rd", rd + 1), ("fl", Const(True))), FILL,
+        "the exchange: the epoch is over, but the last round's placed batches need one more collective for their "
+        "counts; every rank posts again, taking no sample"),
     Row("return_go", WAIT, and_(Input("ready"), not_(Let("abort")), not_(Let("stop"))), Effect("collect"),
         (("rd", rd + 1), ("T", Let("target")), ("nreal", _real),
          ("nfill", ite(eq(MODE, PAD), Let("target") - _real, Const(0))),
@@ -408,6 +423,6 @@ DGAP = Table(
     proposal=_PROPOSAL,
     lets=_LETS,
     rows=_ROWS,
-    cfg=(("W", "int"), ("mode", "int"), ("header_len", "int")),
+    cfg=(("W", "int"), ("mode", "int"), ("header_len", "int"), ("xchg", "int")),
 )
 DGAP.validate()

@@ -38,7 +38,7 @@ from odb.protocol.expr import Expr, Op
 from odb.protocol.table import DGAP, JOIN, QUOTA, Table
 
 from ..verdict import Verdict
-from .bounds import ROUNDS_CLOSED_FORM
+from .bounds import ROUNDS_CLOSED_FORM, rounds_bound
 from .confluence import POLICIES, check_confluence
 from .crosscheck import METHOD as CROSS_METHOD, cross_check, engines_agree_verdict
 from .explore import MODE_NAMES, Exploration, explore
@@ -69,14 +69,14 @@ STEP_PROPERTIES = {
 Z3_BOUND_TEXT = "sum_i (d_i + 1) + N*R*(W + 3) + R"
 
 
-def z3_transition_bound(d: tuple[int, ...], w: int, mode: int, quits: int = 0) -> int:
+def z3_transition_bound(d: tuple[int, ...], w: int, mode: int, quits: int = 0, xchg: int = 0) -> int:
     """The transition bound the z3 ranking proves (`proofs.symbolic.BOUND_FORMULA`), evaluated at `d`.
 
     `Z3_BOUND_TEXT` plus one environment ``quit`` per rank that may quit (the z3
     bound adds N, one per rank; a scope with ``quits`` < N allows only that many).
     Kept in step with the symbolic engine's string by `tests/test_explicit.py`.
     """
-    rounds = ROUNDS_CLOSED_FORM[mode][1](d)
+    rounds = rounds_bound(mode, xchg)(d)
     return sum(x + 1 for x in d) + len(d) * rounds * (w + 3) + rounds + min(quits, len(d))
 
 
@@ -113,7 +113,7 @@ def _fold(mode: int, runs: list[Exploration], scope: Scope, table: Table, out: S
           max_cex: int) -> None:
     """One verdict per property for `mode` from the runs N = 1..n_max."""
     m = MODE_NAMES[mode]
-    quits, witnesses, scope = scope.quits, scope.witnesses, str(scope)
+    quits, witnesses, xchg, scope = scope.quits, scope.witnesses, scope.xchg, str(scope)
     secs = sum(r.seconds for r in runs)
     states = sum(r.states for r in runs)
     depth = max(r.depth for r in runs)
@@ -182,13 +182,15 @@ def _fold(mode: int, runs: list[Exploration], scope: Scope, table: Table, out: S
     waived = dict(COVERAGE_WAIVERS.get(mode, {}))
     if not quits:
         waived.update(NO_QUIT_WAIVERS)
+    if not xchg:
+        waived["return_flush"] = "the flush round runs only with the round exchange (xchg = 1)"
     never = sorted(k for k, v in fires.items() if v == 0 and k not in waived)
     wrong = sorted(k for k in waived if fires.get(k, 0) > 0)
     verdict("every_row_fires", not never and not wrong,
             (f"never fired: {never}; " if never else "") + (f"waived but fired: {wrong}; " if wrong else "") +
             (f"waived: {sorted(waived)}" if waived else "every row fired"), fires=fires)
     # -- exact worst case: rounds per data vector against the closed form ------------
-    formula, fn = ROUNDS_CLOSED_FORM[mode]
+    formula, fn = ROUNDS_CLOSED_FORM[mode][0], rounds_bound(mode, xchg)
     off = []
     for r in runs:
         for d, e in sorted(r.per_vector.items()):
@@ -202,7 +204,7 @@ def _fold(mode: int, runs: list[Exploration], scope: Scope, table: Table, out: S
         for d, e in r.per_vector.items():
             if e["longest"] is None or e["max_rounds"] is None:
                 continue
-            b = z3_transition_bound(d, r.w, mode, quits)
+            b = z3_transition_bound(d, r.w, mode, quits, xchg)
             slack.append(b - e["longest"])
             if e["longest"] > b:
                 over_bound.append((r.n, d, e["longest"], b))
@@ -232,7 +234,8 @@ def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | No
         for n in range(1, scope.n_max + 1):
             keep = n <= cross_check_n_max
             r = explore(n, scope.d_max, scope.w, mode, table=table, max_states=max_states,
-                        round_bound=ROUNDS_CLOSED_FORM[mode][1], quits=scope.quits, keep_succs=keep)
+                        round_bound=rounds_bound(mode, scope.xchg), quits=scope.quits, keep_succs=keep,
+                        xchg=scope.xchg)
             runs.append(r)
             out.runs.append(_run_figures(r))
             if keep:
@@ -264,13 +267,14 @@ def _confluence(scope: Scope, mode: int, table: Table, out: ScopeResult, n_max: 
     for n in range(1, n_max + 1):
         for kind in POLICIES:
             c = check_confluence(n, scope.d_max, scope.w, mode, kind, table=table,
-                                 round_bound=ROUNDS_CLOSED_FORM[mode][1], max_states=max_states)
+                                 round_bound=rounds_bound(mode, scope.xchg), max_states=max_states,
+                                 xchg=scope.xchg)
             states += c["states"]
             vectors += c["vectors"]
             trunc |= c["truncated"]
             bad += [(kind, n, d, o) for d, o in c["bad"].items()]
     secs = time.perf_counter() - t0
-    sc = f"N<={n_max}, D<={scope.d_max}, W={scope.w}"
+    sc = f"N<={n_max}, D<={scope.d_max}, W={scope.w}" + (", exchange (xchg=1)" if scope.xchg else "")
     if trunc:
         res, detail = "unknown", "INCOMPLETE: search truncated"
     elif bad:

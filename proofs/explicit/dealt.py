@@ -41,6 +41,7 @@ METHOD = "explicit BFS (dealt model)"
 ENV_STEPS = ("read", "drop", "complete")
 DEALT_WAIVERS = {
     "return_abort": "the dealt model has no quits: nobody posts a non-zero status",
+    "return_flush": "the dealt model runs without the round exchange (xchg = 0): no flush round",
 }
 _PHASE = {v: k for k, v in PHASES.items()}
 

@@ -188,7 +188,8 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _let(DGAP, "abort", gt(QUIT, 0)), "deadlock_free", validate=False),
     Mutant("fetch_ignores_quit",
            "take_sample drops 'quit == 0': a stopping rank may keep reading or post (two rows enabled)",
-           lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), lt(buf, W), Input("src_has"))),
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(x), lt(buf, W),
+                                                              Input("src_has"))),
            "local_determinism"),
     # -- one per property that no mutant above is expected to kill -----------------------------
     Mutant("pad_empty_rank_sits_out",
@@ -207,6 +208,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "the epoch can end with no rank's shard emitted",
            lambda: _let(DGAP, "stop", ite(eq(MODE, QUOTA), lt(Input("min_n"), W), eq(Input("max_n"), 0))),
            "quota_closure"),
+    # -- the round exchange's flush round (cfg xchg = 1) -------------------------------------------
+    Mutant("flush_never_ends",
+           "return_flush does not set fl: every stop sends the ranks into another flush round, forever",
+           lambda: _updates(DGAP, "return_flush", fl=None), "bounded_termination"),
+    Mutant("stop_ignores_the_flush",
+           "return_stop drops its exchange condition: after the first stop a rank may leave or flush (two rows "
+           "enabled), so the ranks split between DONE and another collective",
+           lambda: DGAP.replace_row("return_stop", guard=and_(Input("ready"), not_(Let("abort")), Let("stop"))),
+           "local_determinism"),
     # -- witnesses as expected killers: the mutant removes a behaviour the witness shows ---------
     Mutant("status_reduced_by_min",
            "the header's status is reduced with MIN instead of MAX: only a unanimous stop aborts, so a rank "

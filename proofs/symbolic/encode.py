@@ -153,6 +153,8 @@ class Encoder:
         self.background = [self.N >= 1, self.cfg["W"] >= 1]
         if mode is not None:
             self.background.append(self.cfg["mode"] == mode)
+        if "xchg" in self.cfg:  # the round exchange: off (0) or on (1)
+            self.background.append(z3.Or(self.cfg["xchg"] == 0, self.cfg["xchg"] == 1))
 
     # -- basics --------------------------------------------------------------
     def rank(self, j) -> z3.BoolRef:

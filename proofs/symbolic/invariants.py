@@ -8,9 +8,13 @@ every conjunct must hold on every reachable state (checked at small N by
 `tests/test_interpreters_agree.py`).
 
 Extra symbol: ``GV("R")`` is the rounds bound, a rigid symbol constrained by
-`rounds_axiom`: R >= d_j + 1 for every rank (pad, join) or for some rank
-(quota).  A conjunct that holds for every such R holds for the smallest one,
-R = max_i d_i + 1 (pad, join) or min_i d_i + 1 (quota).
+`rounds_axiom`: R >= d_j + 1 + xchg for every rank (pad, join) or for some rank
+(quota), ``xchg`` (0 or 1) counting the round exchange's flush round.  A conjunct that holds for
+every such R holds for the smallest one, R = max_i d_i + 1 + xchg (pad, join) or min_i d_i + 1 + xchg
+(quota).
+
+The flush round (cfg ``xchg = 1``): the first stop sends every rank through ``return_flush`` into one
+more round that takes no sample, posts the same windows and so stops again (``flush_*`` below).
 
 Names used below: `TGT`, `STOP`, `ABORT` and `GO` restate the table's decision
 over the mailbox of the last completed collective (an auxiliary fact the
@@ -63,7 +67,7 @@ def every(body: Expr, i: str = "i") -> Forall:
     return Forall(i, body)
 
 
-W, K, MODE, R = GV("W"), GV("k"), GV("mode"), GV("R")
+W, K, MODE, R, X = GV("W"), GV("k"), GV("mode"), GV("R"), GV("xchg")
 MAX_ST, MAX_N, MIN_N, MIN_POS_N, PROPOSAL = GV("max_st"), GV("max_n"), GV("min_n"), GV("min_pos_n"), GV("proposal")
 HI = ite(eq(MODE, PAD), MAX_N, ite(eq(MODE, JOIN), MIN_POS_N, MIN_N))
 TGT = mx(Const(1), mn(PROPOSAL, HI))
@@ -92,7 +96,7 @@ def drained(i: str = "i") -> Expr:
 def base(i: str) -> Expr:
     """Batches of rank i in the rounds every rank has finished emitting (pad, quota)."""
     in_round = ite(at(EMIT, i), f("kb", i), Const(0))
-    last = ite(and_(or_(at(FILL, i), posted(i)), ge(K, 1)), TGT, Const(0))
+    last = ite(and_(or_(at(FILL, i), posted(i)), ge(K, 1), not_(f("fl", i))), TGT, Const(0))
     return f("nb", i) - in_round - last
 
 
@@ -137,9 +141,32 @@ INVARIANT: tuple[Conjunct, ...] = (
         "a rank that has not returned holds the window it posted, so the aggregates bound it"),
     Conjunct("emit_target", every(implies(at(EMIT), and_(eq(f("T"), TGT), GO))),
              "an emitting rank works to the decided target of the last collective"),
-    Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)), GO)),
-             "a rank past the last collective into a new round saw a go (so after an abort every "
-             "rank is DONE or about to return: no further collective)"),
+    Conjunct("go_before_fill", every(implies(and_(or_(at(FILL), posted()), ge(K, 1)),
+                                             ite(f("fl"), and_(not_(ABORT), STOP), GO))),
+             "a rank past the last collective into a new round saw a go, or (the exchange's flush round) a stop "
+             "(so after an abort every rank is DONE or about to return: no further collective)"),
+    Conjunct("flush_only_with_exchange", every(implies(f("fl"), and_(eq(X, 1), not_(at(EMIT))))),
+             "fl is set only with the exchange, and a rank in the flush round emits nothing"),
+    Conjunct("flush_agreed", Forall("i", Forall("j", implies(
+        and_(f("fl", "i"), not_(f("fl", "j"))), and_(pending("j"), or_(at(FILL, "i"), posted("i")))))),
+        "while some rank is in the flush round, a rank without fl has not yet returned from the stop"),
+    Conjunct("done_flushed", every(implies(and_(at(DONE), not_(f("aborted")), eq(X, 1)), f("fl"))),
+             "with the exchange, a rank finishes without an abort only after the flush round"),
+    Conjunct("done_after_flush_ends_it", Forall("i", Forall("j", implies(
+        and_(or_(at(DONE, "i"), pending("i")), f("fl", "i")), not_(or_(at(FILL, "j"), posted("j")))))),
+        "once the flush round's collective completed, no rank is in a later round"),
+    Conjunct("flush_after_stop", every(implies(and_(pending(), not_(f("fl"))), ge(K, 1))),
+             "a pending rank has a completed collective to return from"),
+    Conjunct("flush_windows", every(implies(f("fl"), and_(
+        or_(eq(f("buf"), W), f("exhausted"), gt(f("qt"), 0)),
+        implies(ne(MODE, QUOTA), eq(f("buf"), 0))))),
+        "in the flush round a window is as it was posted at the stop: full or exhausted (or stopping), and "
+        "empty unless quota"),
+    Conjunct("flush_stop_recurs", implies(and_(Exists("j", f("fl", "j")), eq(MODE, QUOTA)),
+                                          Exists("j", drained("j"))),
+             "quota: the flush round holds the drained rank that caused the stop"),
+    Conjunct("flush_collective_stops", every(implies(and_(pending(), f("fl")), or_(ABORT, STOP))),
+             "the flush round's collective is a stop (or an abort): no rank goes on from it"),
     Conjunct("done_after_stop_or_abort", every(implies(at(DONE), ite(f("aborted"), ABORT, and_(not_(ABORT), STOP)))),
              "a finished rank saw an abort (and has ab) or a stop without abort (and has not)"),
     Conjunct("abort_flag_only_at_done", every(implies(not_(at(DONE)), not_(f("aborted")))),
@@ -178,13 +205,19 @@ INVARIANT: tuple[Conjunct, ...] = (
              "quota: a stop without an abort was caused by a drained rank", modes=(QUOTA,)),
     # -- progress (rounds bound) ------------------------------------------------
     Conjunct("progress_between_rounds", every(implies(or_(at(FILL), at(WAIT)),
-                                                      or_(drained(), ge(f("em"), f("rd"))))),
+                                                      or_(drained(), ge(f("em"), f("rd")),
+                                                          and_(f("fl"), ge(f("em") + 1, f("rd")))))),
              "a rank with data has emitted at least one sample in every round it finished"),
     Conjunct("progress_in_round", every(implies(at(EMIT), or_(
         and_(drained(), eq(f("pend"), 0)), ge(f("em") + f("pend"), f("rd"))))),
         "a rank with data emits at least one sample in every go round"),
-    Conjunct("rounds_bounded", and_(le(K, R), implies(and_(ge(K, 1), GO), le(K + 1, R))),
-             "at most R collectives; a go at collective k leaves room for one more"),
+    Conjunct("rounds_bounded", and_(le(K, R), implies(and_(ge(K, 1), GO), le(K + 1 + X, R)),
+                                    implies(and_(ge(K, 1), not_(ABORT), STOP, not_(Exists("j", f("fl", "j")))),
+                                            le(K + X, R)),
+                                    implies(Exists("j", and_(f("fl", "j"), or_(at(FILL, "j"), posted("j")))),
+                                            le(K + 1, R))),
+             "at most R collectives (the rounds axiom counts the exchange's flush); a go at collective k leaves "
+             "room for one more, and for the flush"),
 )
 
 
@@ -220,6 +253,7 @@ NEVER_FIRES: dict[int, dict[str, str]] = {
 """Rows that cannot fire in a mode, by design; non-vacuity checks that they indeed cannot."""
 
 
-def rounds_bound_value(mode: int, data: tuple[int, ...]) -> int:
-    """The tight R for a concrete data vector: max d + 1 (pad, join), min d + 1 (quota)."""
-    return (min(data) if mode == QUOTA else max(data)) + 1
+def rounds_bound_value(mode: int, data: tuple[int, ...], xchg: int = 0) -> int:
+    """The tight R for a concrete data vector: max d + 1 (pad, join), min d + 1 (quota), plus the exchange's
+    flush round."""
+    return (min(data) if mode == QUOTA else max(data)) + 1 + xchg

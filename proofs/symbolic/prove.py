@@ -62,7 +62,8 @@ DEFAULT_TIMEOUT_MS = 10_000
 MODE_NAMES = {v: k for k, v in MODES.items()}
 
 BOUND_FORMULA = ("transitions <= sum_i (d_i + 1) + N*R*(W + 3) + R + N, "
-                 "R = max_i d_i + 1 (pad, join), R = min_i d_i + 1 (quota); "
+                 "R = max_i d_i + 1 + xchg (pad, join), R = min_i d_i + 1 + xchg (quota), xchg = 1 adding the "
+                 "round exchange's flush round; "
                  "the last N counts the environment's quit transitions (at most one per rank), "
                  "without quits the bound is sum_i (d_i + 1) + N*R*(W + 3) + R")
 BOUND_STATEMENT = (
@@ -118,11 +119,12 @@ class _Ctx:
     def _axiom(self, s: Sym) -> z3.BoolRef:
         enc = self.enc
         d = s.arr("d")
+        x = enc.cfg.get("xchg", 0)  # the exchange's flush round: one more collective
         if self.mode == QUOTA:
             jb = z3.Int("R.witness")
-            return z3.And(enc.rank(jb), d[jb] + 1 <= enc.R)
+            return z3.And(enc.rank(jb), d[jb] + 1 + x <= enc.R)
         j = enc.fresh("j")
-        return z3.ForAll([j], z3.Implies(enc.rank(j), d[j] + 1 <= enc.R))
+        return z3.ForAll([j], z3.Implies(enc.rank(j), d[j] + 1 + x <= enc.R))
 
     def solver(self, *assertions) -> z3.Solver:
         sv = z3.Solver()
