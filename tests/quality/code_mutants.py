@@ -688,6 +688,13 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "        if True:\n            self._plan()",
                (X + "test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once",),
                "the pass's last round is planned instead of released: its batches are lost"),
+    CodeMutant("core_exchange_plan_from_own_fills", "odb/core/rank.py",
+               "plan = exchange_plan(rank_fills(self._rows.fills, G, T))",
+               "plan = exchange_plan(rank_fills(self._rows.fills[[self.rank // G if self.lane is not None "
+               "else self.rank] * len(self._rows)], G, T))",
+               (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
+               "a rank-local input in the replicated plan: each rank plans as if every pool had formed its own "
+               "batches, so the ranks' plans differ and the deliveries no longer match (must fail loudly)"),
     CodeMutant("core_exchange_lane_unset", "odb/core/rank.py", "                b.lane = j\n                placed",
                "                placed",
                (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
