@@ -185,6 +185,21 @@ def test_the_exchange_is_refused_where_ranks_run_different_steps_or_own_fixed_sh
         simulate([sizes[:16], sizes[16:]], cost, window=8, mode="pad", exchange=True)
 
 
+def test_an_exchanging_core_refuses_a_table_without_the_flush_round():
+    import dataclasses
+
+    from odb.batching import default_policy
+    from odb.core.sim import _Setting
+    from odb.errors import ConfigError
+
+    sizes, cost = _point(2, 16)
+    setting = _Setting(2, cost, 8, "pad", default_policy, sizes, None, "label_tokens", exchange=True)
+    setting.core(0, [], "alone")  # cfg xchg = 1: accepted
+    setting.shared = dataclasses.replace(setting.shared, exchange=False)  # the layout exchanges, the table does not
+    with pytest.raises(ConfigError, match="flush round"):
+        setting.core(1, [], "alone")
+
+
 def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_make():
     from odb.core.header import reduce_posts
     from odb.core.sim import _Setting

@@ -25,9 +25,9 @@ Header fields, in order (`Header`):
               a filler or a slot past the round's target
 
 Beside the header each rank posts ``counts``, 3W ints: ``counts[3k + b]``, count b (tokens, label
-tokens, samples) of its k-th batch of the PREVIOUS round (0 for fillers and absent batches).  With
-``exchange``, 6W: first the counts of the batches the exchange placed on the rank one collective earlier
-(at the steps they run), then the round before's as formed (released only if the pass ends there).  Only
+tokens, samples) of its k-th batch of the PREVIOUS round (0 for fillers and absent batches); with
+``exchange``, of the batches the exchange placed on the rank one collective earlier, at the steps they
+run (a batch's counts are posted once, where it runs).  Only
 their sum over the ranks is needed (exact loss scaling), and the largest rank's tokens per step
 (the straggler estimate), so the collective reduces them (`Gathered`: a sum of 3W ints and a max of
 W) instead of gathering N x 3W: the bytes a rank receives for them do not grow with N.
@@ -166,7 +166,7 @@ class HeaderLayout:
 
     ``lanes``: ranks sharing one window (`odb.core.pool`); each posts counts for its own batches, at
     most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling).
-    ``exchange``: the round exchange's layout: W fills more in the header, twice the counts."""
+    ``exchange``: the round exchange's layout: W fills more in the header."""
 
     def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1, exchange: bool = False):
         self.summary_len, self.window, self.ladder_len = int(summary_len), int(window), int(ladder_len)
@@ -179,7 +179,7 @@ class HeaderLayout:
         self.exchange = bool(exchange)
         self._fills = self._intake + self.ladder_len
         self.length = self._fills + (self.window if self.exchange else 0)
-        self.counts_len = 3 * self.steps * (2 if self.exchange else 1)
+        self.counts_len = 3 * self.steps
         self.index = {name: k for k, name in enumerate(_SCALARS)}  # `Headers.column`
         self.index.update((name, self._deal + k) for k, name in enumerate(_DEAL))
         self.agreed = np.array([self.index[name] for name in ("round",) + REPLICATED])  # `Replicated._agree`

@@ -28,9 +28,8 @@ same `exchange_plan` from the gathered fills, and the core hands its driver the 
 (`Out.send`) and the slots it expects (`Out.expect`); the driver moves them and calls `receive` before the
 core's next step.  The placed batches' counts go into round r + 2's header, at the steps they run, and they
 are released when that collective returns.  The pass's last round is planned at the first stop, which the
-table then sends through one more round (``return_flush``, cfg ``xchg``): its collective carries that round's
-counts.  A core whose table ran without the flush would release its last round as formed, with the counts
-posted for it as formed (the second half of the counts, unused when ``xchg = 1``).
+table then sends through one more round (``return_flush``, cfg ``xchg = 1``, which an exchanging core
+requires): its collective carries that round's counts.  A batch's counts are posted once, where it runs.
 """
 
 from __future__ import annotations
@@ -164,6 +163,9 @@ class RankCore:
         self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0
         self._send: tuple = ()
         self._expect: tuple = ()
+        if self.exchange and self.cfg.get("xchg") != 1:
+            raise ConfigError("a layout with the round exchange needs the table's flush round (cfg xchg = 1, "
+                              "`Shared.exchange`): without it the pass's last round could not be exchanged")
         if self.exchange and (mode == JOIN or self.deal is None):
             raise ConfigError("the round exchange needs mode 'pad' or 'quota' (every rank runs the same steps) and "
                               "dealt sharding (a moved batch's positions are in the global order)")
@@ -407,10 +409,10 @@ class RankCore:
             self.stats.budget_batches += 1
         self._held.append(b)
         lane, m = lane_of(k, self.lanes)
-        if self.exchange:  # the fill for the plan; the counts as formed go after the placed round's
+        if self.exchange:  # the fill for the plan; the counts are posted where the batch is placed (`_post`)
             if taken is not None:
                 self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)
-            m += self.layout.steps
+            return
         if self.lane is None:  # the pool's one core (a simulation): every lane's counts, summed
             self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
         elif lane == self.lane:  # this lane's own batches, at its own step index
@@ -464,20 +466,18 @@ class RankCore:
         if not self.exchange:
             held, self._held = self._lanes(self._held), []
             return self._hand(held, self._totals, self._tokens_max, self._posted - 2, final)
-        S = self.layout.steps
+        if final and self._held:  # the flush round emits nothing: the last round formed was planned
+            raise ProtocolError(f"rank {self.rank}: the pass ended with {len(self._held)} batches unplanned; the "
+                                "round exchange needs the table's flush round (cfg xchg = 1)")
         placed, self._placed = self._placed, []
-        out, err = self._hand(placed, self._totals[:3 * S], self._tokens_max[:S], self._posted - 3,
-                              final and not self._held)
+        out, err = self._hand(placed, self._totals, self._tokens_max, self._posted - 3, final)
         if err is not None:  # every rank stops here (the counts are gathered): nothing more is planned
             self._held = []
             return out, err
         if not final:
             self._plan()
             self._round_target = self._decision.target
-            return out, None
-        held, self._held = self._lanes(self._held), []
-        more, err = self._hand(held, self._totals[3 * S:], self._tokens_max[S:], self._posted - 2, True)
-        return (out + more if err is None else ()), err
+        return out, None
 
     def _plan(self) -> None:
         """The exchange of the previous round's batches (module docstring): this core's sends and the slots it

@@ -670,16 +670,18 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (V + "test_a_stub_is_added_only_where_the_batch_lacks_its_kind_and_keeps_the_collates_label_rule",),
                "a stubbed packing collate is taken for a padding one: the loader counts one label per sample too many"),
     # -- the round exchange in the rank core (odb.core.rank; the simulation drives it) ---------------------------
-    CodeMutant("core_exchange_counts_overwrite", "odb/core/rank.py", "            m += self.layout.steps\n",
-               "            pass\n",
+    CodeMutant("core_exchange_counts_as_formed", "odb/core/rank.py",
+               "                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)\n"
+               "            return\n",
+               "                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)\n",
                (X + "test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once",),
-               "the counts of the batches as formed land on the placed batches' slots: every step's global "
+               "a batch's counts are posted where it was formed as well as where it runs: every step's global "
                "counts, and so every loss scale, are wrong"),
-    CodeMutant("core_exchange_releases_with_formed_counts", "odb/core/rank.py",
-               "self._totals[:3 * S], self._tokens_max[:S], self._posted - 3,",
-               "self._totals[3 * S:], self._tokens_max[S:], self._posted - 3,",
+    CodeMutant("core_exchange_placed_counts_dropped", "odb/core/rank.py",
+               "            for m, b in self._placed:  # the placed round's",
+               "            for m, b in ():  # the placed round's",
                (X + "test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once",),
-               "the placed batches are released with the counts of the round as formed"),
+               "the placed batches' counts are not posted: the steps' global counts are 0, every loss scale too"),
     CodeMutant("core_exchange_keeps_nothing", "odb/core/rank.py", "            if q in mine:\n",
                "            if False:\n",
                (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
