@@ -127,6 +127,10 @@ class LoaderStats:
     budget_batches: int = 0         # real batches formed (what budget_use_sum is summed over)
     step_tokens_mean: float = 0.0   # over steps with tokens: every rank's tokens / world size (gathered)
     step_tokens_max: int = 0        # over those steps: the largest rank's tokens (gathered)
+    exchange_sent: int = 0          # the round exchange: batches this rank handed to others
+    exchange_received: int = 0      # and received from others
+    exchange_bytes: int = 0         # bytes it sent and received for them (pickled samples)
+    exchange_s: float = 0.0         # time the engine spent in the exchange's transfers (includes peers' lag)
 
     def as_dict(self) -> dict:
         return asdict(self)

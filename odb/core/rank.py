@@ -159,6 +159,7 @@ class RankCore:
         self._placed: list[tuple[int, Batch]] = []  # exchange: the round before's, (step, batch) as placed
         self._fills = [NO_FILL] * layout.window if self.exchange else ()
         self._round_target = 0           # exchange: the target of the round whose batches are held
+        self._planned: int | None = None  # exchange: the target of the round the last collect planned (traced)
         self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
         self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0
         self._send: tuple = ()
@@ -437,12 +438,14 @@ class RankCore:
         counts, self._counts = self._counts, [0] * self.layout.counts_len
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
+        if self.exchange and self.traced:
+            trace["fills"] = list(fills)
         return Post(header, counts), trace
 
     def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict | None]:
         rows, rnd = self._rows, self._posted - 1
         self.stats.rounds += 1
-        release, rep_err = (), None
+        release, rep_err, self._planned = (), None, None
         if s.row == "return_abort":
             self._held = []  # the epoch ends here on every rank: the last round's batches are not released
             self._placed = []
@@ -457,7 +460,8 @@ class RankCore:
                         for st, n in zip(rows.values("st"), rows.values("n"))],
             "summaries": [list(h) for h in rows.summaries], "rounds": rows.values("round"),
             "replicated": [list(v) for v in zip(*map(rows.values, REPLICATED))],
-            "inputs": dict(self._decision.inputs)}}
+            "inputs": dict(self._decision.inputs),
+            **({"fills": rows.fills.tolist(), "planned": self._planned} if self.exchange else {})}}
 
     def _release(self, final: bool) -> tuple[tuple, BaseException | None]:
         """The batches whose global counts this collective returned (module docstring): the previous round's,
@@ -483,6 +487,7 @@ class RankCore:
         """The exchange of the previous round's batches (module docstring): this core's sends and the slots it
         expects, from the gathered fills only (`exchange_plan`); its own batches are kept."""
         G, T, held = self.lanes, self._round_target, self._held
+        self._planned = T  # the trace's: the target of the round planned (the conformance check recomputes it)
         if len(held) != T:
             raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
         self._held = []
@@ -509,12 +514,18 @@ class RankCore:
         if not expect:
             self.receive({})
 
-    def receive(self, got: dict) -> None:
+    def receive(self, got: dict, lost: bool = False) -> None:
         """The exchange's batches this core expected (`Out.expect`), by origin slot: the driver calls it once
-        after the collect that planned them, before the next `step`.  ProtocolError on a missing or an extra one."""
+        after the collect that planned them, before the next `step`.  ProtocolError on a missing or an extra one,
+        unless ``lost`` (the transfer failed on the data, and this rank's status is no longer OK: the next round
+        aborts on every rank and releases none of them): a missing one is then a zero-weight filler."""
         p = self._pending
         if p is None:
             raise ProtocolError(f"rank {self.rank}: RankCore.receive without an exchange pending")
+        if lost:
+            if self._quit() == OK:
+                raise ProtocolError(f"rank {self.rank}: the exchange lost batches while this rank goes on")
+            got = {o: got.get(o) or self._filler() for o in p["expect"]}
         if set(got) != p["expect"]:
             raise ProtocolError(f"rank {self.rank}: the exchange delivered slots {sorted(got)}, the plan expects "
                                 f"{sorted(p['expect'])}")

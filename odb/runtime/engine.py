@@ -9,7 +9,8 @@ Legend
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
 collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.
 Each call fires one table row; the engine does what the returned `odb.core.rank.Out` says: post the
-header and counts (SYNC), queue the released batches, write the trace line, hand errors over.  It
+header and counts (SYNC), move the round exchange's batches (`odb.runtime.transport.BatchTransfer`,
+bounded by ``timeout_s``), queue the released batches, write the trace line, hand errors over.  It
 decides nothing itself.
 
 Stopping is driven by the table only: once ``quit > 0`` the core fetches nothing more and its next
@@ -26,18 +27,18 @@ import time
 from ..batching.deal import intake_ladder
 from ..core.header import Gathered, HeaderLayout, Post
 from ..core.rank import CLOSED, FAILED, OK, Batch, RankCore
-from ..errors import RankFailure
+from ..errors import ProtocolError, RankFailure
 from ..protocol.table import DGAP
 from .trace import TraceWriter
-from .transport import HeaderGather, counts_mode
+from .transport import BatchTransfer, HeaderGather, counts_mode
 
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
 
-def header_layout(summary_len: int, W: int, lanes: int = 1) -> HeaderLayout:
-    """The header layout of a loader with this policy summary length and window (per rank), and
-    `lanes` ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``)."""
-    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes)
+def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False) -> HeaderLayout:
+    """The header layout of a loader with this policy summary length and window (per rank), `lanes`
+    ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``) and the round exchange or not."""
+    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange)
 
 
 class Engine:
@@ -55,6 +56,7 @@ class Engine:
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
         self.transport = HeaderGather(group, self.world_size, counts_mode(self.world_size, lay.length, lay.steps))
+        self.transfer = BatchTransfer(group) if lay.exchange else None
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{self.rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------
@@ -88,6 +90,8 @@ class Engine:
             # finished engine would otherwise be destroyed during interpreter finalization.
             self.group = None
             self.transport.release()
+            if self.transfer is not None:
+                self.transfer.release()
 
     def _loop(self) -> None:
         core, seq, status = self.core, 0, (lambda: self._quit)
@@ -97,8 +101,9 @@ class Engine:
                 gathered = self._wait()
                 self.stats.collective_s += time.perf_counter() - t0
                 out = core.collect(gathered)
+                moves = self._exchange(out) if out.send or out.expect or core.receiving else None
             else:
-                out = core.step(status)
+                out, moves = core.step(status), None
             if out.local_error is not None:
                 self._local_error(out.local_error)
             if out.step is None:
@@ -113,7 +118,7 @@ class Engine:
                 s = out.step
                 self.trace.write({"seq": seq, "row": s.row, "before": s.before, "after": s.after, "inputs": s.inputs,
                                   "params": s.params, "effect": s.effect, "payload": s.payload, "count": s.count,
-                                  "table": DGAP.hash, **(out.trace or {})})
+                                  "table": DGAP.hash, **(out.trace or {}), **({"exchange": moves} if moves else {})})
             seq += 1
             if out.end:  # JOIN: this rank emits no more batches; its iterator ends while this thread posts
                 self._put(("end", None))
@@ -176,6 +181,33 @@ class Engine:
                 f"rank {self.rank}: the header collective of round {self.core.posted - 1} did not complete within "
                 f"timeout_s={self.timeout_s}: a peer rank died, hung, or stopped iterating without close(). "
                 f"gloo said: {type(e).__name__}: {str(e)[:300]}") from None
+
+    def _exchange(self, out) -> dict:
+        """The round exchange's moves the collect just planned (`odb.core.rank`): every rank makes its own,
+        whatever its quit status (the peers expect them); the received batches go to the core before its
+        next step.  Returns the trace's record: what went where, by origin slot, with the positions."""
+        t0 = time.perf_counter()
+        try:
+            got, errors = self.transfer.move(out.send, out.expect, self.timeout_s)
+        except ProtocolError:  # a peer sent what the plan does not name: the replicas diverged
+            raise
+        except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
+            peers = sorted({int(q) for q, _, _ in out.send} | {int(r) for r, _ in out.expect})
+            raise RankFailure(
+                f"rank {self.rank}: the round exchange after round {self.core.posted - 1} (with ranks {peers}) did not "
+                f"complete within timeout_s={self.timeout_s}: a peer rank died or hung. gloo said: "
+                f"{type(e).__name__}: {str(e)[:300]}") from None
+        for e in errors:  # the data's (a batch that cannot be pickled): this rank stops through the table
+            self._local_error(e)
+        if self.core.receiving:  # a core that only sends has placed its batches already
+            self.core.receive(got, lost=bool(errors))
+        st, tr = self.stats, self.transfer
+        st.exchange_s += time.perf_counter() - t0
+        st.exchange_sent += len(out.send)
+        st.exchange_received += len(got)
+        st.exchange_bytes, tr.bytes_sent, tr.bytes_received = st.exchange_bytes + tr.bytes_sent + tr.bytes_received, 0, 0
+        return {"send": [[int(q), *map(int, o), list(b.positions)] for q, o, b in out.send],
+                "recv": [[*map(int, o), list(got[tuple(o)].positions)] for _, o in out.expect if tuple(o) in got]}
 
     # -- output ------------------------------------------------------------------------
     def _put(self, item) -> None:

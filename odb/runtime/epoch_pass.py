@@ -216,7 +216,8 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
         template = functools.partial(first_usable, loader.dataset, order, loader._fits)
     trace = None
     if s.trace_dir is not None:
-        cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length, "xchg": 0}
+        cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length,
+               "xchg": int(s.exchange)}
         trace = TraceWriter(trace_path(s.trace_dir, loader._loader_id, loader._passes, loader.rank), {
             "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
             "epoch": loader.epoch, "mode": s.mode, "loader": loader._loader_id, "iteration": loader._passes,

@@ -16,18 +16,26 @@ Both are fixed-shape collectives in a fixed order on every rank; measured side b
 docs/decisions/2026-12-01-counts-reduced.md (mixing an all-gather with all-reduces in one round was the
 slowest on loopback gloo).  `HeaderGather` is what the engine runs and what ``make bench`` times
 (`paper_repro.bench_runtime.collective_scaling`), so the measured cost of a round is the runtime's.
+
+`BatchTransfer` moves the round exchange's batches (`odb.core.rank`, `odb.batching.exchange`) after the
+collective that planned them: point-to-point, between the pairs of ranks the plan names and no others.
+Every rank computed the same plan from the gathered fills, so each send has its receive; the sends and
+receives are all posted at once (no order between pairs, so no pair waits on another).
 """
 
 from __future__ import annotations
 
+import pickle
 import time
 from datetime import timedelta
 
 import torch
 
 from ..core.header import Gathered, Post, reduce_posts
+from ..core.rank import Batch
+from ..errors import ProtocolError, SampleError
 
-__all__ = ["HeaderGather", "counts_mode", "GATHER_LIMIT"]
+__all__ = ["HeaderGather", "BatchTransfer", "counts_mode", "GATHER_LIMIT"]
 
 GATHER_LIMIT = 1 << 17  # ints a rank may receive per round in the all-gather (1 MiB); above it, reduce
 
@@ -95,3 +103,79 @@ class HeaderGather:
         """Drop the hold on the group and the buffers (a group kept alive past the pass would be destroyed
         during interpreter finalization)."""
         self.group = self._works = self._sums = self._maxes = self._recv = self._solo = None
+
+
+_LEN, _DATA = 1, 2  # the p2p tags of a transfer: a message's length, then the message
+
+
+class BatchTransfer:
+    """One rank's side of the round exchange's moves on the loader's gloo group (module docstring).
+
+    `move(send, expect, timeout_s)`: `send` is ``(rank, origin slot, Batch)`` per batch this rank hands to
+    another (`odb.core.rank.Out.send`), `expect` ``(rank, origin slot)`` per batch it receives
+    (`odb.core.rank.Out.expect`).  Each peer gets one message: its batches pickled (samples, positions,
+    dataset indices, sizes, counts), preceded by the message's length.  Returns the received batches by
+    origin slot, for `odb.core.rank.RankCore.receive`, and the errors of this transfer that are the data's
+    (a batch that cannot be pickled: the peer gets a message saying so instead, so it never waits for it;
+    a peer's such message): the caller stops this rank through the table, as for any sample error.
+    Raises what gloo raises (a peer closed the connection, ``timeout_s`` passed: one deadline for the
+    whole transfer), and ProtocolError if a peer sent a batch the plan does not name."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank = 0 if group is None else torch.distributed.get_rank(group=group)
+        self.bytes_sent = self.bytes_received = 0
+
+    def move(self, send, expect, timeout_s: float) -> tuple[dict, list[BaseException]]:
+        if not send and not expect:
+            return {}, []
+        if self.group is None:
+            raise ProtocolError("a transfer between ranks in a world of one")
+        dist = torch.distributed
+        deadline = time.monotonic() + timeout_s
+        out: dict[int, list] = {}
+        for q, origin, b in send:  # in the plan's order: the same message however the batches were held
+            out.setdefault(int(q), []).append((tuple(origin), b.samples, b.positions, b.indices, b.sizes, b.counts))
+        errors: list[BaseException] = []
+        works, keep = [], []
+        for q, items in out.items():
+            try:
+                data = pickle.dumps(("batches", items), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # the samples' own objects: the peer is told, and this rank stops
+                what = [int(i) for it in items for i in (it[3] or ())]
+                errors.append(SampleError(f"rank {self.rank}: the round exchange cannot send dataset indices {what} to "
+                                          f"rank {q}: pickling their samples raised {type(e).__name__}: {e}"))
+                data = pickle.dumps(("error", f"rank {self.rank} could not pickle dataset indices {what} "
+                                              f"({type(e).__name__}: {str(e)[:200]})"))
+            blob = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            size = torch.tensor([blob.numel()], dtype=torch.int64)
+            keep += [blob, size]
+            self.bytes_sent += blob.numel()
+            works.append(dist.isend(size, group=self.group, group_dst=q, tag=_LEN))
+            works.append(dist.isend(blob, group=self.group, group_dst=q, tag=_DATA))
+        sizes = {r: torch.empty(1, dtype=torch.int64) for r in sorted({int(r) for r, _ in expect})}
+        _wait([dist.irecv(t, group=self.group, group_src=r, tag=_LEN) for r, t in sizes.items()], deadline)
+        blobs = {r: torch.empty(int(t.item()), dtype=torch.uint8) for r, t in sizes.items()}
+        _wait([dist.irecv(t, group=self.group, group_src=r, tag=_DATA) for r, t in blobs.items()] + works, deadline)
+        got, want = {}, {tuple(o): int(r) for r, o in expect}
+        for r, blob in blobs.items():
+            self.bytes_received += blob.numel()
+            kind, items = pickle.loads(blob.numpy().tobytes())
+            if kind == "error":
+                errors.append(SampleError(f"rank {self.rank}: the round exchange lost the batches of rank {r}: "
+                                          f"{items}; every rank stops in the next round"))
+                continue
+            for origin, samples, positions, indices, sizes_, counts in items:
+                if want.get(origin) != r or origin in got:
+                    raise ProtocolError(f"rank {self.rank}: rank {r} sent the batch formed at {origin}, which the "
+                                        "plan does not have it send here (the ranks' plans differ)")
+                got[origin] = Batch(samples, positions, indices, sizes_, counts)
+        return got, errors
+
+    def release(self) -> None:
+        self.group = None
+
+
+def _wait(works, deadline: float) -> None:
+    for w in works:  # one deadline for the transfer, not one per message
+        w.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
