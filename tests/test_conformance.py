@@ -262,3 +262,87 @@ def test_proposals_from_another_rule_agreed_by_every_rank_are_caught_by_recomput
     assert all(r.status == "ok" for r in res), [r.error for r in res]
     (report,) = check_dir(d)
     assert report.problems and all("the policy's proposal" in p for p in report.problems), report.problems
+
+
+# -- the round exchange (condition 5): a 3-rank run with exchange=True --------------------------------------
+@pytest.fixture(scope="module")
+def exchange_traces(tmp_path_factory):
+    from test_runtime_exchange import _run
+
+    tmp = tmp_path_factory.mktemp("conf_xchg")
+    res = run_ranks(_run, 3, tmp, args=({"W": 8, "mode": "pad", "trace_dir": str(tmp / "traces")},), timeout_s=90)
+    assert all(r.status == "ok" and r.value["error"] is None for r in res), [(r.error, r.value) for r in res]
+    return tmp / "traces"
+
+
+def _moving(d):
+    """(rank, line index) of the first collect whose transfer sent a batch."""
+    for rank in range(3):
+        for i, x in enumerate(load(d, rank)):
+            if x.get("exchange", {}).get("send"):
+                return rank, i
+    raise AssertionError("no batch moved")
+
+
+def _xchg_send_elsewhere(x):
+    s = x["exchange"]["send"][0]
+    s[0] = next(q for q in range(3) if q not in (s[0], s[1]))
+
+
+def _xchg_send_positions(x):
+    x["exchange"]["send"][0][3] = x["exchange"]["send"][0][3][:-1] + [10**6]
+
+
+def _xchg_forget_moves(x):
+    del x["exchange"]
+
+
+def _xchg_planned(x):
+    x["collective"]["planned"] += 1
+
+
+def _xchg_received_fills(x):
+    x["collective"]["fills"][0][0] += 7
+
+
+def _xchg_lost_without_abort(x):
+    s = x["exchange"]["send"].pop(0)
+    x["exchange"]["lost"] = [[s[1], s[2]]]
+    x["exchange"]["send"] = []  # a receiver's record, on the sender's line: fails either way
+
+
+XCHG_TAMPERS = [(_xchg_send_elsewhere, "the plan of the received fills sends"),
+                (_xchg_send_positions, "left rank"), (_xchg_forget_moves, "the plan of the received fills"),
+                (_xchg_planned, "planned a round of target"), (_xchg_received_fills, "received fills"),
+                (_xchg_lost_without_abort, "did not abort")]
+
+
+def test_the_untampered_exchange_trace_conforms_with_its_moves(exchange_traces):
+    (report,) = check_dir(str(exchange_traces))
+    assert report.ok, report.problems
+    assert report.rows["return_flush"] == 3 and not report.aborted
+    moved = sum(len(x.get("exchange", {}).get("send", ())) for r in range(3) for x in load(exchange_traces, r))
+    assert moved > 0
+
+
+@pytest.mark.parametrize("tamper, words", XCHG_TAMPERS, ids=[t[0].__name__ for t in XCHG_TAMPERS])
+def test_a_tampered_exchange_trace_is_rejected(exchange_traces, tmp_path, tamper, words):
+    d = tmp_path / "t"
+    shutil.copytree(exchange_traces, d)
+    rank, i = _moving(d)
+    lines = load(d, rank)
+    tamper(lines[i])
+    save(d, rank, lines)
+    (report,) = check_dir(str(d))
+    assert any(words in p for p in report.problems), report.problems
+
+
+def test_a_posted_fill_the_others_did_not_receive_is_rejected(exchange_traces, tmp_path):
+    d = tmp_path / "t"
+    shutil.copytree(exchange_traces, d)
+    lines = load(d, 0)
+    i = next(i for i, x in enumerate(lines) if x.get("row") == "post_header" and x.get("round") == 2)
+    lines[i]["fills"][0] += 1
+    save(d, 0, lines)
+    (report,) = check_dir(str(d))
+    assert any("received fills" in p for p in report.problems), report.problems

@@ -207,7 +207,8 @@ class Engine:
         st.exchange_received += len(got)
         st.exchange_bytes, tr.bytes_sent, tr.bytes_received = st.exchange_bytes + tr.bytes_sent + tr.bytes_received, 0, 0
         return {"send": [[int(q), *map(int, o), list(b.positions)] for q, o, b in out.send],
-                "recv": [[*map(int, o), list(got[tuple(o)].positions)] for _, o in out.expect if tuple(o) in got]}
+                "recv": [[*map(int, o), list(got[tuple(o)].positions)] for _, o in out.expect if tuple(o) in got],
+                "lost": [[*map(int, o)] for _, o in out.expect if tuple(o) not in got]}
 
     # -- output ------------------------------------------------------------------------
     def _put(self, item) -> None:

@@ -26,6 +26,10 @@ Aborts are ordinary rows of the table (``post_header`` posts ``st = in.quit``, `
    ``aborted``.
 3. **TraceMatched.** Every line is consumed; nothing follows a ``failure``; every rank's trace ends in DONE, unless
    it ends with a ``failure`` line or the rank is known to have been killed (`died`).
+5. **Exchange** (cfg ``xchg = 1``, the round exchange).  The fills each rank received equal what the ranks posted (a
+   pool's: lane 0's); the round a collect planned has the target recomputed here for the round before; and each
+   rank sent exactly the batches, and received exactly the ones, that ``odb.batching.exchange.exchange_plan``
+   gives for the received fills (rank_fills), every send arriving at its receiver with the same positions.
 4. **Happens-before.** The events of all ranks, in program order and joined by an edge from every rank's post to
    every rank's collect of each collective, form an acyclic graph in which all ranks' collectives line up in one
    total order (`hb.happens_before`, networkx).  Its critical path (collectives and events on the longest causal
@@ -42,6 +46,9 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from odb.batching.exchange import exchange_plan, rank_fills
 from odb.core.header import REPLICATED
 from odb.core.replica import round_proposal, round_target
 from odb.protocol import machine
@@ -89,6 +96,8 @@ class _Rank:
 
     posts: list = field(default_factory=list)      # (round, payload, summary, event index, replicated)
     collects: list = field(default_factory=list)   # (round, collective record, inputs read, event index)
+    fills: dict = field(default_factory=dict)      # the exchange: round -> the fills it posted
+    moves: dict = field(default_factory=dict)      # the exchange: round -> (event index, its transfer record)
     final: dict | None = None                      # the last replayed state
     cut: bool = False                              # ended by a failure line or killed: may stop mid-round
     killed: bool = False                           # killed on purpose (`died`): its trace may end before a line
@@ -147,8 +156,11 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
             quit_seen = quit_seen or q
         if st.effect == "post":
             out.posts.append((ev["round"], ev["payload"], ev.get("summary"), i, ev.get("replicated")))
+            if "fills" in ev:
+                out.fills[ev["round"]] = ev["fills"]
         if st.effect == "collect":
             out.collects.append((ev["round"], ev["collective"], ev["inputs"], i))
+            out.moves[ev["round"]] = (i, ev.get("exchange") or {"send": [], "recv": []})
         if ev["row"] == "return_abort":
             rep.aborted = True
         rep.rows[ev["row"]] += 1
@@ -179,8 +191,9 @@ def _pooled(posted: dict, n: int, lanes: int, rnd: int, rep: RunReport) -> dict:
     return out
 
 
-def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy, lanes: int = 1) -> None:
-    """Condition 2; with pooled windows (`odb.core.pool`) the collective's rows are the P pools'."""
+def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy, lanes: int = 1) -> dict:
+    """Condition 2; with pooled windows (`odb.core.pool`) the collective's rows are the P pools'.  Returns
+    rank -> round -> (target, proposal) as recomputed here."""
     n, pools = len(ranks), len(ranks) // lanes
     by_round: dict[int, dict[int, tuple]] = defaultdict(dict)
     for rank, rk in enumerate(ranks):
@@ -265,6 +278,66 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
     done = {r: rk.final["aborted"] for r, rk in enumerate(ranks) if rk.final is not None and rk.final["ph"] == DONE}
     if len(set(done.values())) > 1:
         rep.problems.append(f"finished ranks disagree on the abort: ab per rank {done}")
+    return decided
+
+
+def _check_exchange(ranks: list[_Rank], rep: RunReport, decided: dict, lanes: int) -> None:
+    """Condition 5: every collect's moves against the plan recomputed from the posted fills."""
+    n = len(ranks)
+    sent: dict = {}   # (round, origin, to) -> positions, as the senders recorded them
+    got: dict = {}    # (round, origin, to) -> positions, as the receivers recorded them
+    for rank, rk in enumerate(ranks):
+        for rnd, coll, _, i in rk.collects:
+            where = f"rank {rank} event {i} (round {rnd})"
+            if "fills" not in coll:
+                rep.problems.append(f"{where}: a collect of the round exchange without its gathered fills")
+                continue
+            posted = [ranks[p * lanes].fills.get(rnd) for p in range(n // lanes)]
+            if None not in posted and coll["fills"] != posted:
+                rep.problems.append(f"{where}: received fills {coll['fills']} != posted {posted}")
+            _, moves = rk.moves[rnd]
+            T = coll.get("planned")
+            if T is None:
+                if moves["send"] or moves["recv"]:
+                    rep.problems.append(f"{where}: batches moved after a collect that planned nothing")
+                continue
+            before = (0, None) if rnd == 0 else decided.get(rank, {}).get(rnd - 1)  # round 0 plans no batch
+            if before is None or T != before[0]:
+                rep.problems.append(f"{where}: planned a round of target {T}, the round before decided "
+                                    f"{None if before is None else before[0]}")
+                continue
+            plan = exchange_plan(rank_fills(np.array(coll["fills"], dtype=np.int64), lanes, T))
+            want_send = sorted((q, tuple(o)) for q, row in enumerate(plan) for o in row
+                               if o is not None and o[0] == rank and q != rank)
+            want_recv = sorted(tuple(o) for o in plan[rank] if o is not None and o[0] != rank)
+            did_send = sorted((m[0], (m[1], m[2])) for m in moves["send"])
+            lost = [(m[0], m[1]) for m in moves.get("lost", ())]
+            if lost and not rep.aborted:
+                rep.problems.append(f"{where}: lost the batches formed at {lost} in a run that did not abort")
+            did_recv = sorted([(m[0], m[1]) for m in moves["recv"]] + lost)
+            if did_send != want_send:
+                rep.problems.append(f"{where}: sent {did_send}, the plan of the received fills sends {want_send}")
+            if did_recv != want_recv:
+                rep.problems.append(f"{where}: received {did_recv}, the plan of the received fills gives "
+                                    f"{want_recv}")
+            for q, r, k, pos in moves["send"]:
+                sent[(rnd, (r, k), q)] = pos
+            for r, k, pos in moves["recv"]:
+                got[(rnd, (r, k), rank)] = pos
+            for r, k in lost:
+                got[(rnd, (r, k), rank)] = None  # no positions arrived (the sender's error says why)
+    for key in sorted(set(sent) | set(got)):
+        rnd, origin, to = key
+        if key not in got:
+            if not ranks[to].cut:
+                rep.problems.append(f"round {rnd}: rank {origin[0]} sent the batch formed at {origin} to rank {to}, "
+                                    "which did not record it")
+        elif key not in sent:
+            rep.problems.append(f"round {rnd}: rank {to} received the batch formed at {origin}, which rank "
+                                f"{origin[0]} did not record sending")
+        elif got[key] is not None and sent[key] != got[key]:
+            rep.problems.append(f"round {rnd}: the batch formed at {origin} left rank {origin[0]} with positions "
+                                f"{sent[key]} and reached rank {to} with {got[key]}")
 
 
 def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset()) -> RunReport:
@@ -294,7 +367,10 @@ def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset
     if len(lanes) > 1 or n % max(lanes):
         rep.problems.append(f"ranks ran with pools of {sorted(lanes)} ranks, world size {n}")
         return rep
-    _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy, lanes.pop())
+    lanes = lanes.pop()
+    decided = _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy, lanes)
+    if loaded[0][0]["cfg"].get("xchg") == 1:
+        _check_exchange(ranks, rep, decided, lanes)
     _check_happens_before([metas[rank][1] for rank in range(n)], rep)
     return rep
 

@@ -41,6 +41,7 @@ P = "tests/test_pool.py::"
 V = "tests/test_vlm.py::"
 X = "tests/test_exchange.py::"
 K = "tests/test_check_packing.py::"
+E = "tests/test_runtime_exchange.py::"
 
 
 @dataclass(frozen=True)
@@ -706,6 +707,39 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "self._attention = 0.0",
                (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
                "the posted fills ignore the policy's attention: the plan lines up budget cost, not step time"),
+    # -- the exchange in the loader: its transfer on gloo and its conformance condition --------------------------
+    CodeMutant("transfer_only_by_receivers", "odb/runtime/engine.py",
+               "moves = self._exchange(out) if out.send or out.expect or core.receiving else None",
+               "moves = self._exchange(out) if out.expect or core.receiving else None",
+               (E + "test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform",),
+               "a rank that only sends in a round skips the transfer: its receivers wait for batches that never "
+               "come (a RankFailure after timeout_s, every batch of the round lost)"),
+    CodeMutant("transfer_unpicklable_peer_not_told", "odb/runtime/transport.py",
+               '                data = pickle.dumps(("error", f"rank {self.rank} could not pickle dataset indices {what} "\n'
+               '                                              f"({type(e).__name__}: {str(e)[:200]})"))\n',
+               "                continue\n",
+               (E + "test_a_batch_that_cannot_be_pickled_stops_every_rank_through_the_table",),
+               "a batch that cannot be pickled is not announced: its receiver waits the whole timeout_s and "
+               "fails with a RankFailure that does not say why"),
+    CodeMutant("transfer_loss_not_declared", "odb/runtime/engine.py",
+               "self.core.receive(got, lost=bool(errors))", "self.core.receive(got)",
+               (E + "test_a_batch_that_cannot_be_pickled_stops_every_rank_through_the_table",),
+               "a receiver whose batch was not sent does not stop through the table: a ProtocolError ends its "
+               "thread and its peers hang in the next collective until timeout_s"),
+    CodeMutant("transfer_drops_positions", "odb/runtime/transport.py",
+               "got[origin] = Batch(samples, positions, indices, sizes_, counts)",
+               "got[origin] = Batch(samples, (), indices, sizes_, counts)",
+               (E + "test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform",),
+               "a moved batch arrives without its positions: the ledger never records it, and a resume emits its "
+               "samples again"),
+    CodeMutant("conformance_exchange_unchecked", "proofs/conformance/check.py",
+               'if loaded[0][0]["cfg"].get("xchg") == 1:', "if False:",
+               (C + "test_a_tampered_exchange_trace_is_rejected",),
+               "the checker ignores the exchange: a trace of moves the plan does not make passes"),
+    CodeMutant("conformance_exchange_positions_unchecked", "proofs/conformance/check.py",
+               "elif got[key] is not None and sent[key] != got[key]:", "elif False:",
+               (C + "test_a_tampered_exchange_trace_is_rejected",),
+               "a batch that reaches its receiver with other positions than it left with passes the checker"),
     # -- check_packing: a model that mixes packed samples is refused (odb.batching.collate) -----------------------
     CodeMutant("packing_probe_unchanged", "odb/batching/collate.py",
                "    changed = [(ids[0] + 1 + torch.randint(0, vocab - 1, (lengths[0],), generator=gen)) % vocab, *ids[1:]]\n",
