@@ -218,3 +218,25 @@ def test_on_one_rank_the_exchange_moves_nothing_and_emits_the_simulations_batche
     got = _run(0, 1, spec)
     assert got["error"] is None and got["sent"] == got["received"] == 0
     assert [[s[0] for s in got["steps"]]] == _simulated(1, spec)
+
+
+def test_a_moved_samples_tensors_arrive_with_their_values_dtypes_and_shapes():
+    import pickle
+
+    import numpy as np
+    import torch
+
+    from odb.runtime.transport import _dumps
+
+    base = torch.arange(20)
+    x = {"view": base[3:9], "bf16": torch.ones(2, 3, dtype=torch.bfloat16), "grad": torch.zeros(3, requires_grad=True),
+         "t": torch.arange(12.0).view(3, 4).t(), "bool": torch.tensor(True), "text": "a", "list": [1, torch.ones(1)],
+         "np": np.arange(3)}
+    y = pickle.loads(_dumps(x))
+    for k in ("view", "bf16", "grad", "t", "bool"):
+        assert type(y[k]) is torch.Tensor and y[k].dtype == x[k].dtype and y[k].shape == x[k].shape
+        assert torch.equal(y[k].detach(), x[k].detach()), k
+    assert y["grad"].requires_grad and y["text"] == "a" and torch.equal(y["list"][1], torch.ones(1))
+    assert (y["np"] == np.arange(3)).all()
+    y["view"] += 1  # writable, and its own memory: a view's storage is not sent whole
+    assert y["view"].untyped_storage().nbytes() == 6 * 8 and torch.equal(base[3:9], torch.arange(3, 9))

@@ -1,0 +1,162 @@
+"""What the round exchange (``exchange=True``) costs the loader on loopback gloo, beside the loader without it.
+
+N gloo processes on this machine each run ``passes`` pairs of passes of `odb.ODBDataLoader` over the same
+long-tailed text data (samples of int64 ``input_ids`` and ``labels`` tensors, 16 to 4,096 tokens), dealt
+sharding, padded cost: one pass without the exchange, then one with it, alternating, so that both see the
+same load on the machine.  The consumer only counts batches (a no-op collate): the figures are the loader's
+own.  Per pass and rank: wall time, time in the header collectives, time in the exchange's transfers,
+batches sent and received, bytes moved.  Printed and written as JSON (with the provenance stamp).
+
+Not a test and no target: the exchange's gain is in the step-time model (`paper_repro.scale_grid`); this
+measures its price in the code that runs.  Loopback gloo on 2 cores oversubscribed by N processes: an upper
+bound of the local cost, not a network's.
+
+    python -m paper_repro.bench_exchange [--world 4] [--window 128] [--passes 3] [OUT_JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+
+__all__ = ["measure"]
+
+
+class _Text:
+    """Sample i: ``input_ids`` and ``labels``, int64 tensors of a long-tailed length."""
+
+    def __init__(self, n: int, seed: int):
+        rng = random.Random(seed)
+        self.lengths = [max(16, min(4096, int(rng.lognormvariate(5.5, 0.9)))) for _ in range(n)]
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        import torch
+
+        ids = torch.arange(self.lengths[i], dtype=torch.int64)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _count(samples):
+    return {}
+
+
+def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import odb
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    data = _Text(spec["samples"], 0)
+    runs = []
+    for k in range(2 * spec["passes"]):
+        exchange = bool(k % 2)
+        loader = odb.ODBDataLoader(data, spec["budget"], _count, buffer_size=spec["window"], sharding="dealt",
+                                   exchange=exchange, timeout_s=120, seed=k // 2)
+        t0 = time.perf_counter()
+        steps = sum(1 for _ in loader)
+        wall = time.perf_counter() - t0
+        st = loader.stats
+        runs.append({"exchange": exchange, "steps": steps, "wall_s": wall, "collective_s": st.collective_s,
+                     "exchange_s": st.exchange_s, "sent": st.exchange_sent, "received": st.exchange_received,
+                     "bytes": st.exchange_bytes, "rounds": st.rounds, "samples": st.samples})
+        loader.close()
+    with open(out, "w") as f:
+        json.dump(runs, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_rank: int | None = None,
+            passes: int = 3) -> dict:
+    """Run the side-by-side passes (module docstring) and return every rank's figures and their summary."""
+    spec = {"window": window, "budget": budget, "passes": passes,
+            "samples": world * (samples_per_rank or 8 * window)}
+    ctx = mp.get_context("fork")
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = os.path.join(tmp, "store")
+            outs = [os.path.join(tmp, f"r{r}.json") for r in range(world)]
+            procs = [ctx.Process(target=_rank, args=(r, world, store, outs[r], spec)) for r in range(world)]
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + 900
+            for p in procs:
+                p.join(max(1.0, deadline - time.monotonic()))
+            for p in procs:
+                if p.is_alive():
+                    p.kill()  # our own child only
+                    p.join(5)
+            missing = [r for r in range(world) if not os.path.exists(outs[r])]
+            if missing:
+                raise RuntimeError(f"bench_exchange: ranks {missing} wrote no figures (exit codes "
+                                   f"{[procs[r].exitcode for r in missing]})")
+            ranks = [json.load(open(o)) for o in outs]
+    finally:
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+    summary = {}
+    for ex in (False, True):
+        walls = [max(r[k]["wall_s"] for r in ranks) for k in range(2 * passes) if bool(k % 2) == ex]
+        per = [r[k] for r in ranks for k in range(2 * passes) if bool(k % 2) == ex]
+        steps = [r[k]["steps"] for r in ranks for k in range(2 * passes) if bool(k % 2) == ex]
+        summary["exchange" if ex else "plain"] = {
+            "pass_wall_s_median": statistics.median(walls), "pass_wall_s_each": [round(w, 3) for w in walls],
+            "steps_per_pass": sorted(set(steps)), "rounds_per_pass": sorted({p["rounds"] for p in per}),
+            "collective_s_mean": statistics.fmean(p["collective_s"] for p in per),
+            "exchange_s_mean": statistics.fmean(p["exchange_s"] for p in per),
+            "batches_moved_per_pass": sum(p["sent"] for p in per) / passes,
+            "batches_per_pass": sum(p["steps"] for p in per) / passes,
+            "mb_per_rank_per_pass": statistics.fmean(p["bytes"] for p in per) / 2 / 1e6,
+            "samples_per_pass": sum(p["samples"] for p in per) / passes}
+    e, p = summary["exchange"], summary["plain"]
+    summary["wall_ratio"] = e["pass_wall_s_median"] / p["pass_wall_s_median"]
+    summary["moved_fraction"] = e["batches_moved_per_pass"] / e["batches_per_pass"]
+    return {"world": world, "window": window, "budget": budget, "samples": spec["samples"], "passes": passes,
+            "summary": summary, "ranks": ranks}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("out", nargs="?", default=None)
+    a = ap.parse_args(argv)
+    from .provenance import stamp
+
+    fig = measure(a.world, a.window, passes=a.passes)
+    fig["provenance"] = stamp()
+    s = fig["summary"]
+    for name in ("plain", "exchange"):
+        x = s[name]
+        print(f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps {x['steps_per_pass']}, "
+              f"rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, transfers "
+              f"{x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
+              f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank")
+    print(f"N={fig['world']} W={fig['window']}: exchange/plain pass time {s['wall_ratio']:.3f}, "
+          f"{100 * s['moved_fraction']:.1f}% of the batches moved")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(fig, f, indent=1)
+    return fig
+
+
+if __name__ == "__main__":
+    main()
