@@ -5,7 +5,8 @@ long-tailed text data (samples of int64 ``input_ids`` and ``labels`` tensors, 16
 sharding, padded cost: one pass without the exchange, then one with it, alternating, so that both see the
 same load on the machine.  The consumer only counts batches (a no-op collate): the figures are the loader's
 own.  Per pass and rank: wall time, time in the header collectives, time in the exchange's transfers,
-batches sent and received, bytes moved.  Printed and written as JSON (with the provenance stamp).
+batches sent and received, bytes moved, and the loader's own straggler estimate (every rank's tokens per
+step over the largest rank's, `odb.core.info.LoaderStats.token_balance`): what the moves bought.  Printed and written as JSON (with the provenance stamp).
 
 Not a test and no target: the exchange's gain is in the step-time model (`paper_repro.scale_grid`); this
 measures its price in the code that runs.  Loopback gloo on 2 cores oversubscribed by N processes: an upper
@@ -71,7 +72,8 @@ def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
         st = loader.stats
         runs.append({"exchange": exchange, "steps": steps, "wall_s": wall, "collective_s": st.collective_s,
                      "exchange_s": st.exchange_s, "sent": st.exchange_sent, "received": st.exchange_received,
-                     "bytes": st.exchange_bytes, "rounds": st.rounds, "samples": st.samples})
+                     "bytes": st.exchange_bytes, "rounds": st.rounds, "samples": st.samples,
+                     "straggler_tokens": st.token_balance()})
         loader.close()
     with open(out, "w") as f:
         json.dump(runs, f)
@@ -124,7 +126,8 @@ def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_r
             "batches_moved_per_pass": sum(p["sent"] for p in per) / passes,
             "batches_per_pass": sum(p["steps"] for p in per) / passes,
             "mb_per_rank_per_pass": statistics.fmean(p["bytes"] for p in per) / 2 / 1e6,
-            "samples_per_pass": sum(p["samples"] for p in per) / passes}
+            "samples_per_pass": sum(p["samples"] for p in per) / passes,
+            "straggler_tokens_mean": statistics.fmean(p["straggler_tokens"] for p in per)}
     e, p = summary["exchange"], summary["plain"]
     summary["wall_ratio"] = e["pass_wall_s_median"] / p["pass_wall_s_median"]
     summary["moved_fraction"] = e["batches_moved_per_pass"] / e["batches_per_pass"]
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps {x['steps_per_pass']}, "
               f"rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, transfers "
               f"{x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
-              f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank")
+              f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank; token "
+              f"straggler efficiency {x['straggler_tokens_mean']:.3f}")
     print(f"N={fig['world']} W={fig['window']}: exchange/plain pass time {s['wall_ratio']:.3f}, "
           f"{100 * s['moved_fraction']:.1f}% of the batches moved")
     if a.out:
