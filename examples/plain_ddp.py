@@ -1,12 +1,13 @@
 """Plain PyTorch DDP loop with ODB (CPU, gloo).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/plain_ddp.py [--mode join] [--accum 2]
-        [--pool-size 2]
+        [--pool-size 2] [--exchange]
 
 Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop in DDP Join.
 ``--pool-size G`` pools the windows of G consecutive ranks (a host's, under torchrun: its
 ``--nproc_per_node``): each of them preprocesses the pool's samples and trains on its share of the pool's
-batches (`odb.core.pool`; mode "pad").
+batches (`odb.core.pool`; mode "pad").  ``--exchange`` turns on the round exchange: each round's batches
+are re-dealt across the ranks by fill and moved between them (`odb.batching.exchange`; mode "pad" or "quota").
 """
 
 import argparse
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--pool-size", type=int, default=1, help="ranks sharing one window (e.g. a host's)")
+    ap.add_argument("--exchange", action="store_true", help="re-deal each round's batches across the ranks by fill")
     a = ap.parse_args()
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")  # the entry point reads the launcher's env; ODB takes the group
@@ -39,7 +41,8 @@ def main() -> None:
     model = DDP(net) if world > 1 else net
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     ds = TinyDataset(64)
-    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, pool_size=a.pool_size, timeout_s=60)
+    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, pool_size=a.pool_size,
+                           exchange=a.exchange, timeout_s=60)
     budget = a.epochs * len(ds)
     # mode "join": whole epochs, no accumulation and no sample budget (ranks end epochs at different steps)
     join = a.mode == "join"
@@ -61,7 +64,8 @@ def main() -> None:
                         break
     p = stream.progress
     print(f"rank {loader.rank}: {p.samples} samples, {p.optimizer_steps} optimizer steps, {p.epoch} epochs, "
-          f"fillers {loader.stats.fillers}, last loss {out.loss.item():.3f}")
+          f"fillers {loader.stats.fillers}, last loss {out.loss.item():.3f}"
+          + (f", batches moved out/in {loader.stats.exchange_sent}/{loader.stats.exchange_received}" if a.exchange else ""))
     loader.close()
     if dist.is_initialized():
         del model  # DDP holds the group; free it before the group goes (a gloo work freed at exit aborts)

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 FLAGS = {  # script -> extra runs, each a list of flags
-    "plain_ddp.py": [["--mode", "join"], ["--pool-size", "2"]],
+    "plain_ddp.py": [["--mode", "join"], ["--pool-size", "2"], ["--exchange"]],
     "trl_sft.py": [["--lora", "--padding-free"]],
     "fsdp2_loop.py": [["--accum", "3", "--uneven"]],
     "vlm_packed.py": [["--packed"], ["--fsdp"]],
