@@ -266,3 +266,29 @@ def test_any_small_run_exchanges_as_the_plan_says_and_keeps_exact_counts(ranks_p
         step = [ex.infos[r][j] for r in range(world)]
         for name in ("samples", "tokens", "label_tokens"):
             assert {getattr(i, "global_" + name) for i in step} == {sum(getattr(i, "local_" + name) for i in step)}
+
+
+def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_leaving_it_are_sent():
+    # 2 pools of 2 lanes, 2 steps.  Ranks' fills r0 [9, 8], r1 [1, 1], r2 [5, 4], r3 [5, 4]: rank 0's second
+    # batch goes to rank 1 at step 0 and rank 1's second to rank 0 at step 1 (inside pool 0), and no batch
+    # leaves its pool.  Every replica of a pool holds the pool's batches: nothing is sent
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from odb.core.rank import Batch, RankCore
+
+    fills = np.array([[9, 1, 8, 1], [5, 5, 4, 4]])  # pool batch order: lane k mod 2, step k div 2
+    assert exchange_plan([[9, 8], [1, 1], [5, 4], [5, 4]])[:2] == [[(0, 0), (1, 1)], [(0, 1), (1, 0)]]
+    placed = {}
+    for rank in (0, 1):  # pool 0's two replicas, each holding the pool's 4 batches
+        core = object.__new__(RankCore)
+        held = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)]
+        core.__dict__.update(rank=rank, lane=rank, lanes=2, _round_target=4, _held=held,
+                             _rows=SimpleNamespace(fills=fills), _pending=None)
+        core._plan()
+        assert core._send == () and core._expect == (), (rank, core._send, core._expect)
+        placed[rank] = [(m, b.positions) for m, b in core._placed]
+    # rank 0 runs its own step-0 batch (pool batch 0), then rank 1's step-1 batch (pool batch 3); rank 1 runs
+    # rank 0's step-1 batch (pool batch 2), then its own step-0 batch (pool batch 1)
+    assert placed == {0: [(0, (0,)), (1, (3,))], 1: [(0, (2,)), (1, (1,))]}

@@ -148,6 +148,7 @@ def _transfer(rank, world_size, how):
 
     g = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
     tr = BatchTransfer(g)
+    dist.barrier(group=g)  # the group's connections are up: a death now is one in the transfer, not in new_group
     if rank == 1:
         if how == "dies":
             os._exit(3)

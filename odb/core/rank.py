@@ -485,7 +485,9 @@ class RankCore:
 
     def _plan(self) -> None:
         """The exchange of the previous round's batches (module docstring): this core's sends and the slots it
-        expects, from the gathered fills only (`exchange_plan`); its own batches are kept."""
+        expects, from the gathered fills only (`exchange_plan`).  A pool's replicas hold every batch of their pool,
+        so a batch that moves between two ranks of one pool moves in memory; only batches that leave their pool
+        are sent, each by the lane that formed it."""
         G, T, held = self.lanes, self._round_target, self._held
         self._planned = T  # the trace's: the target of the round planned (the conformance check recomputes it)
         if len(held) != T:
@@ -493,21 +495,22 @@ class RankCore:
         self._held = []
         plan = exchange_plan(rank_fills(self._rows.fills, G, T))
         pool = self.rank if self.lane is None else self.rank // G
-        own = list(range(pool * G, pool * G + G)) if self.lane is None else [self.rank]
-        mine = set(own)
+        home = range(pool * G, pool * G + G)  # the pool's ranks
+        own = list(home) if self.lane is None else [self.rank]  # the ranks whose batches this core releases
         dest = {o: q for q, row in enumerate(plan) for o in row if o is not None}
         send, kept = [], {}
         for k, b in enumerate(held):
+            if b.filler:
+                continue  # fillers never move
             j, m = lane_of(k, G)
-            if b.filler or (self.lane is not None and j != self.lane):
-                continue  # fillers never move; another lane of the pool sends its own slots
             origin = (pool * G + j, m)
             q = dest[origin]
-            if q in mine:
-                kept[origin] = b
-            else:
+            if q in home:
+                if q in own:
+                    kept[origin] = b
+            elif self.lane is None or j == self.lane:  # leaves the pool: the lane that formed it sends it
                 send.append((q, origin, b))
-        expect = tuple((o[0], o) for q in own for o in plan[q] if o is not None and o[0] not in mine)
+        expect = tuple((o[0], o) for q in own for o in plan[q] if o is not None and o[0] not in home)
         self._send, self._expect = tuple(send), expect
         self._pending = {"rows": [(q - pool * G, plan[q]) for q in own], "kept": kept,
                          "expect": {o for _, o in expect}}

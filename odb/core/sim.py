@@ -45,7 +45,9 @@ class SimResult:
     QUOTA's unemitted positions (dealt: the undealt ones on rank 0).  ``decision_s``: per rank and round,
     the seconds spent in the policy.  ``reserve_taken[rank]``: dealt positions a rank took from its
     reserve (a rank topped up to its bound takes none unless it drops samples).  ``stats``: each rank's
-    counters.  ``infos[rank][step]``: each released batch's `StepInfo` (``simulate(..., infos=True)``)."""
+    counters.  ``infos[rank][step]``: each released batch's `StepInfo` (``simulate(..., infos=True)``).
+    ``moved``: with the exchange, the batches sent to another rank (pooled: to another pool; a move inside
+    a pool is in memory, every replica of the pool holding the pool's batches)."""
 
     batches: list[list[list[int] | None]]
     rounds: int
@@ -55,6 +57,7 @@ class SimResult:
     reserve_taken: list[int] = field(default_factory=list)
     stats: list[LoaderStats] = field(default_factory=list)
     infos: list[list] | None = None
+    moved: int = 0                      # exchange: batches a core handed to another rank's
 
 
 def _measure(m) -> tuple | None:
@@ -257,6 +260,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
             _take(o, r, out, res, pool_size if one else 0)
             for q, origin, b in o.send:  # the exchange: to the core that runs rank q
                 moved.setdefault(q // pool_size if one else q, {})[origin] = b
+            res.moved += len(o.send)
         for r, c in enumerate(cores):
             if c.receiving:
                 c.receive(moved.pop(r, {}))

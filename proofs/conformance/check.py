@@ -29,7 +29,8 @@ Aborts are ordinary rows of the table (``post_header`` posts ``st = in.quit``, `
 5. **Exchange** (cfg ``xchg = 1``, the round exchange).  The fills each rank received equal what the ranks posted (a
    pool's: lane 0's); the round a collect planned has the target recomputed here for the round before; and each
    rank sent exactly the batches, and received exactly the ones, that ``odb.batching.exchange.exchange_plan``
-   gives for the received fills (rank_fills), every send arriving at its receiver with the same positions.
+   gives for the received fills (rank_fills; pooled, only the batches that leave their pool: a pool's replicas
+   hold its batches), every send arriving at its receiver with the same positions.
 4. **Happens-before.** The events of all ranks, in program order and joined by an edge from every rank's post to
    every rank's collect of each collective, form an acyclic graph in which all ranks' collectives line up in one
    total order (`hb.happens_before`, networkx).  Its critical path (collectives and events on the longest causal
@@ -307,9 +308,10 @@ def _check_exchange(ranks: list[_Rank], rep: RunReport, decided: dict, lanes: in
                                     f"{None if before is None else before[0]}")
                 continue
             plan = exchange_plan(rank_fills(np.array(coll["fills"], dtype=np.int64), lanes, T))
+            home = range(rank // lanes * lanes, rank // lanes * lanes + lanes)  # a move inside a pool is in memory
             want_send = sorted((q, tuple(o)) for q, row in enumerate(plan) for o in row
-                               if o is not None and o[0] == rank and q != rank)
-            want_recv = sorted(tuple(o) for o in plan[rank] if o is not None and o[0] != rank)
+                               if o is not None and o[0] == rank and q not in home)
+            want_recv = sorted(tuple(o) for o in plan[rank] if o is not None and o[0] not in home)
             did_send = sorted((m[0], (m[1], m[2])) for m in moves["send"])
             lost = [(m[0], m[1]) for m in moves.get("lost", ())]
             if lost and not rep.aborted:
