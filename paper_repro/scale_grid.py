@@ -72,7 +72,7 @@ __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
 METHODS = ("gmt", "gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "kk_micro", "release_reimpl", "odb_dealt")
-LABELS = {"odb_pooled8": "ODB pool_size=8", "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
+LABELS = {"odb_pooled8": "ODB pool_size=8", "odb_pooled8_exchange": "ODB pool_size=8 + exchange", "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
           "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
           "odb_dealt": "ODB (dealt, default)"}
 # Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
@@ -90,6 +90,7 @@ GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_r
 HOST = 8
 POOLED = "odb_pooled8"
 EXCHANGE = "odb_exchange"  # the second structural prototype (`exchange_schedule`), where the pooled one runs
+POOLED_X = "odb_pooled8_exchange"  # ODB pool_size=8 with the round exchange, through the core (`exchange_point`)
 # Micro-batches per optimizer step in the second step-model view (DDP no_sync / gradient accumulation, the
 # same count on every rank; `cluster_sim.simulate`'s ``accum``); the targets read the first view (1).
 ACCUM = 4
@@ -99,7 +100,7 @@ TARGETS = {"min_world": 64, "min_window": 256, "straggler_eff": 0.97, "steps_vs_
 # ODB's predicted throughput must be above each of these at every point (the issue's list).
 BEATS = ("gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "release_reimpl")
 # The ODB configurations the targets are checked for.
-ODBS = ("odb_dealt", POOLED)
+ODBS = ("odb_dealt", POOLED, POOLED_X)
 
 
 def points(full: bool) -> list[tuple]:
@@ -234,21 +235,70 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
             e["sim_s"] = time.perf_counter() - t1
             out["methods"][EXCHANGE] = e
     if pooled and world >= 2 * HOST:
-        from odb.core.sim import simulate
+        out["methods"][POOLED] = _pooled(pt, world, window, collate, filler)
+    return _versus_gmt(out, t0)
 
-        t1 = time.perf_counter()
-        sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, pool_size=HOST)
-        rows, rounds = sim.batches, sim.rounds
-        _exactly_once(rows, len(pt.sizes), f"{POOLED} N={world} W={window}")
-        plan = _plan(rows, pt.sizes, world, filler)
-        # the round collective runs over all N ranks: a pool window's header, each rank's W steps of counts
-        r_s = cs.odb_round_latency(cs.H20_2B, world, window,
-                                   header_layout(default_policy().summary_len, window, HOST).length)[0]
-        m = {**metrics(rows, pt.sizes, pt.cost), "rounds": rounds, "sim_s": time.perf_counter() - t1,
-             "decision_ms": 1e3 * sum(sim.decision_s) / max(1, len(sim.decision_s))}
-        m["predicted"] = _predicted(plan, world, collate, r_s, rounds, 1)
-        m["predicted_accum"] = _predicted(plan, world, collate, r_s, rounds, ACCUM)
-        out["methods"][POOLED] = m
+
+def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bool = False) -> dict:
+    """ODB with ``pool_size=HOST`` through the rank core (`odb.core.sim`, one core per pool), both scores;
+    with the round exchange (`exchange`) too, and its data movement."""
+    from odb.batching import default_policy
+    from odb.core.sim import simulate
+    from odb.runtime.engine import header_layout
+
+    from . import cluster_sim as cs
+    from .bench_grid import _exactly_once
+    from .bench_metrics import metrics
+
+    name = POOLED_X if exchange else POOLED
+    t1 = time.perf_counter()
+    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, pool_size=HOST,
+                   **({"exchange": True} if exchange else {}))
+    rows, rounds = sim.batches, sim.rounds
+    _exactly_once(rows, len(pt.sizes), f"{name} N={world} W={window}")
+    plan = _plan(rows, pt.sizes, world, filler)
+    # the round collective runs over all N ranks: a pool window's header (and its fills, with the exchange),
+    # each rank's W steps of counts
+    r_s = cs.odb_round_latency(cs.H20_2B, world, window,
+                               header_layout(default_policy().summary_len, window, HOST, exchange).length)[0]
+    m = {**metrics(rows, pt.sizes, pt.cost), "rounds": rounds, "sim_s": time.perf_counter() - t1,
+         "decision_ms": 1e3 * sum(sim.decision_s) / max(1, len(sim.decision_s))}
+    if exchange:  # batches sent between pools (a move inside a pool is in memory), of all real batches
+        m["moved_batches"] = sim.moved / max(1, sum(b is not None for row in rows for b in row))
+    m["predicted"] = _predicted(plan, world, collate, r_s, rounds, 1)
+    m["predicted_accum"] = _predicted(plan, world, collate, r_s, rounds, ACCUM)
+    return m
+
+
+def exchange_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> dict:
+    """ODB ``pool_size=HOST`` with the round exchange (`POOLED_X`: `odb.core.sim` with ``exchange=True``, the
+    rank core that the loader runs with ``exchange=True``) and sorted GMT, on one point of `run_point`: the
+    rows of ``--exchange-rows``.  GMT is recomputed, so that `paper_repro.scale_targets` can check it against
+    the committed grids' figures of the same point.  The step-time model charges the round collective with
+    the fills in its header; the transfer of the moved batches is not charged (it runs a round ahead of
+    their steps, beside the training)."""
+    from odb.baselines import step_lower_bound
+
+    from .bench_grid import point, schedules
+    from .bench_metrics import metrics
+
+    t0 = time.perf_counter()
+    pt = point(dist, world, budget, kind, per_rank, seed)
+    filler = sorted(s[0] for s in pt.sizes)[len(pt.sizes) // 2]
+    collate = "pad" if kind == "padded" else "packed"
+    out = {"dist": dist, "world": world, "window": window, "budget": budget, "cost": kind, "per_rank": per_rank,
+           "samples": len(pt.sizes), "lower_bound": step_lower_bound(pt.sizes, pt.cost, world), "methods": {}}
+    for name, (rows, row_sizes, extra) in schedules(pt, world, window, ["gmt"], {}).items():
+        m = {**metrics(rows, row_sizes, pt.cost), **extra}
+        plan = _plan(rows, row_sizes, world, filler)
+        m["predicted"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), 1)
+        m["predicted_accum"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), ACCUM)
+        out["methods"][name] = m
+    out["methods"][POOLED_X] = _pooled(pt, world, window, collate, filler, exchange=True)
+    return _versus_gmt(out, t0)
+
+
+def _versus_gmt(out: dict, t0: float) -> dict:
     g = out["methods"]["gmt"]
     for m in out["methods"].values():
         m["steps_vs_gmt"] = m["steps"] / g["steps"]
@@ -265,6 +315,46 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
 
 def _run(p):
     return run_point(*p[:6], pooled=p[6] if len(p) > 6 else False)
+
+
+def _run_exchange(p):
+    return exchange_point(*p[:6])
+
+
+def exchange_points(results_dir: str = RESULTS) -> list[tuple]:
+    """The in-scope points of the committed grids (`paper_repro.scale_targets.merge` of the current ones) where
+    ODB pool_size=8 ran: ``(dist, N, W, B, cost, per_rank)``, largest first."""
+    from .scale_targets import current_rows
+
+    pts = [(r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"])
+           for r in in_scope(current_rows(results_dir)) if POOLED in r["methods"]]
+    return sorted(pts, key=lambda p: (-p[1] * p[5], p))
+
+
+def write_exchange(res: dict, outdir: str = RESULTS, name: str = "") -> list[str]:
+    """``scale_grid_exchange[_name]_<yyyymm>.{json,md}``: the rows of ``--exchange-rows`` (`exchange_point`),
+    which `paper_repro.scale_targets` merges with the committed grids' points; returns the paths."""
+    base = os.path.join(outdir, f"scale_grid_exchange{f'_{name}' if name else ''}_{time.strftime('%Y%m')}")
+    os.makedirs(outdir, exist_ok=True)
+    with open(base + ".json", "w") as f:
+        json.dump(res, f)
+    md = [f"# {LABELS[POOLED_X]}: the round exchange through the rank core at the committed grids' points", "",
+          f"Command: `python -m paper_repro.scale_grid --exchange-rows{res.get('args', '')}`; {len(res['rows'])} "
+          f"points in {res['seconds']:.0f} s; {time.strftime('%Y-%m-%d')}.  `exchange_point`: "
+          + " ".join((exchange_point.__doc__ or "").split()), "",
+          "## Targets (this configuration alone; `python -m paper_repro.scale_targets` merges it with the grids)", "",
+          *[x for x in target_lines(res) if x.startswith(f"- {LABELS[POOLED_X]}")], "",
+          "## Every point", "",
+          "| dist | N | W | cost | per rank | straggler (budget) | straggler (step model) | steps / GMT | "
+          "throughput / GMT | batches sent between pools |", "|" + "---|" * 10]
+    for r in sorted(res["rows"], key=lambda r: (r["cost"], r["dist"], r["world"], r["window"], r["per_rank"])):
+        m = r["methods"][POOLED_X]
+        md.append(f"| {r['dist']} | {r['world']} | {r['window']} | {r['cost']} | {r['per_rank']} | "
+                  f"{m['straggler_eff']:.3f} | {m['predicted']['straggler_eff']:.3f} | {m['steps_vs_gmt']:.3f} | "
+                  f"{m['throughput_vs_gmt']:.4f} | {m['moved_batches']:.3f} |")
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    return [base + ".json", base + ".md"]
 
 
 def run_grid(full: bool = False, workers: int = 2, progress: bool = True,
@@ -365,6 +455,9 @@ def target_lines(res: dict) -> list[str]:
                      f"{len(pooled)}, {min(gain):.3f}-{max(gain):.3f} x its predicted throughput (pooled packs "
                      f"{HOST} x the window: at the same window the two balance alike, "
                      "docs/decisions/2026-12-02-pooled-windows.md)")
+    pts = [r for r in pts if "odb_dealt" in r["methods"]]  # (the exchange rows hold GMT and their own only)
+    if not pts:
+        return lines
     acc = [(base(r)["accum_throughput_vs_gmt"], r) for r in pts]
     v, r = min(acc, key=lambda x: x[0])
     lines.append(f"- context, not a target: at {ACCUM} micro-batches per optimizer step (no_sync), ODB's predicted "
@@ -412,7 +505,7 @@ def _needs() -> list[str]:
 
 
 def _table(res: dict, cell) -> list[str]:
-    cols = METHODS + (POOLED, EXCHANGE)
+    cols = METHODS + (POOLED, EXCHANGE, POOLED_X)
     lines = ["| dist | N | W | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
              "|" + "---|" * (5 + len(cols))]
     key = lambda r: (r["cost"], r["dist"], r["world"], r["window"], r["per_rank"])  # noqa: E731
@@ -565,7 +658,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="every point at this window instead, with max(8 W, its own) samples per rank")
     ap.add_argument("--per-rank", type=int, default=0,
                     help="with --window: this many samples per rank instead (a control at equal epochs)")
+    ap.add_argument("--exchange-rows", action="store_true",
+                    help=f"{LABELS[POOLED_X]} and GMT (`exchange_point`) at the committed grids' in-scope points")
+    ap.add_argument("--max-samples", type=int, default=0, help="with --exchange-rows: points of at most N x per "
+                    "rank samples only")
+    ap.add_argument("--min-samples", type=int, default=0, help="with --exchange-rows: points above this only")
     args = ap.parse_args(argv)
+    if args.exchange_rows:
+        return _exchange_main(args)
     if args.per_rank and not args.window:
         raise SystemExit("--per-rank goes with --window")
     keep = [(i, set(v.split(","))) for i, v in ((1, args.worlds), (0, args.dists), (4, args.costs)) if v]
@@ -592,6 +692,29 @@ def main(argv: list[str] | None = None) -> int:
     for p in write(res, args.out, args.full, args.name):
         print("wrote", p)
     print("\n".join(target_lines(res)))
+    return 0
+
+
+def _exchange_main(args) -> int:
+    """``--exchange-rows``: `exchange_point` at `exchange_points`, filtered, `args.workers` processes."""
+    from tqdm import tqdm
+
+    keep = [(i, set(v.split(","))) for i, v in ((1, args.worlds), (0, args.dists), (4, args.costs)) if v]
+    pts = [p for p in exchange_points() if all(str(p[i]) in vs for i, vs in keep)
+           and (not args.max_samples or p[1] * p[5] <= args.max_samples) and p[1] * p[5] > args.min_samples]
+    if not pts:
+        raise SystemExit("no committed in-scope point passes the filters")
+    prov, t0, rows = stamp(), time.monotonic(), []
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
+        for r in tqdm(ex.map(_run_exchange, pts), total=len(pts), desc="exchange rows", unit="point"):
+            rows.append(r)
+    res = {"targets": TARGETS, "beats": list(BEATS), "rows": rows, "seconds": time.monotonic() - t0,
+           "provenance": prov, "args": "".join(f" --{k} {v}" for k, v in (
+               ("worlds", args.worlds), ("dists", args.dists), ("costs", args.costs), ("max-samples", args.max_samples),
+               ("min-samples", args.min_samples), ("name", args.name)) if v)}
+    for p in write_exchange(res, args.out, args.name):
+        print("wrote", p)
+    print("\n".join(x for x in target_lines(res) if x.startswith(f"- {LABELS[POOLED_X]}")))
     return 0
 
 
