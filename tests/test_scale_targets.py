@@ -122,3 +122,20 @@ def test_the_committed_grids_agree_where_they_overlap_and_the_readme_quotes_thei
                       "\n".join(lines))
     assert worst and f"the default misses throughput at {worst.group(1)} of {n} (worst {worst.group(3)}" in \
         " ".join(readme.split())
+
+
+def test_the_exchange_rows_run_the_core_beside_gmt_and_merge_with_the_grids_point(small_scope):
+    from paper_repro.scale_grid import LABELS, POOLED, POOLED_X, TARGETS, exchange_point, run_point, target_lines
+    from paper_repro.scale_targets import merge
+
+    p = ("sharegpt4o", 16, 16, 4096, "padded", 96)
+    grid, ex = run_point(*p, pooled=True), exchange_point(*p)
+    assert set(ex["methods"]) == {"gmt", POOLED_X}
+    m, pooled = ex["methods"][POOLED_X], grid["methods"][POOLED]
+    assert m["steps"] == pooled["steps"] and m["rounds"] == pooled["rounds"] + 1  # the same batches, one flush round
+    assert 0 < m["moved_batches"] < 0.5 and m["straggler_eff"] != pooled["straggler_eff"]
+    (merged,) = merge({"grid": {"rows": [grid]}, "exchange": {"rows": [ex]}})  # GMT recomputed alike, or it raises
+    assert {POOLED_X, POOLED, "odb_dealt", "hf_rebalance"} <= set(merged["methods"])
+    lines = "\n".join(target_lines({"targets": TARGETS, "rows": [merged]}))
+    assert f"- {LABELS[POOLED_X]}: predicted throughput" in lines
+    assert f"- {LABELS[POOLED_X]} must beat HF rebalance" in lines
