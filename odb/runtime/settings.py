@@ -132,9 +132,10 @@ class LoaderSettings:
     the gathered fills of every rank's batches, one plan that re-deals the round's batches across the ranks
     by decreasing fill, so a step's batches are neighbours in cost across the whole group, not only within
     one rank's window; the batches the plan moves are sent point to point on the loader's gloo group
-    (pickled samples), one round after they were formed.  Simulated at 256 to 1,024 ranks with
-    ``pool_size=8`` it predicts 0.98-1.01x the sorted offline oracle's throughput, moving 8-15% of the
-    batches (at most about 2 MB per rank per round for text at 1,024 ranks):
+    (pickled samples), one round after they were formed.  Simulated at 64 to 1,024 ranks with
+    ``pool_size=8`` it predicts 0.975-1.029x the sorted offline oracle's throughput at 75 points
+    (``paper_repro/results/scale_grid_exchange_202612.md``), sending 7-16% of the batches between pools
+    (at most about 2 MB per rank per round for text at 1,024 ranks):
     ``docs/decisions/2026-12-05-exchange-design.md``.  The price: one more round of batches held (about 3W
     samples in host memory), those bytes, and a pass longer by one header collective.  Needs ``mode="pad"``
     or ``"quota"`` and dealt sharding.  False: every batch runs on the rank that formed it."""
