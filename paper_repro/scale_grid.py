@@ -322,12 +322,16 @@ def _run_exchange(p):
 
 
 def exchange_points(results_dir: str = RESULTS) -> list[tuple]:
-    """The in-scope points of the committed grids (`paper_repro.scale_targets.merge` of the current ones) where
-    ODB pool_size=8 ran: ``(dist, N, W, B, cost, per_rank)``, largest first."""
-    from .scale_targets import current_rows
-
-    pts = [(r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"])
-           for r in in_scope(current_rows(results_dir)) if POOLED in r["methods"]]
+    """The in-scope points where ODB pool_size=8 ran in the committed grids that today's code computes alike
+    (their provenance fingerprint is today's, `fingerprint`; what `paper_repro.provenance` calls current):
+    ``(dist, N, W, B, cost, per_rank)``, each once, largest first."""
+    current, pts = fingerprint(), set()
+    for p in sorted(Path(results_dir).glob("scale_grid*.json")):
+        res = json.loads(p.read_text())
+        if (res.get("provenance") or {}).get("fingerprint") != current:
+            continue  # stale or unstamped: not the points of today's code
+        pts |= {(r["dist"], r["world"], r["window"], r["budget"], r["cost"], r["per_rank"])
+                for r in in_scope(res["rows"]) if POOLED in r["methods"]}
     return sorted(pts, key=lambda p: (-p[1] * p[5], p))
 
 

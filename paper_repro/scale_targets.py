@@ -40,7 +40,7 @@ from pathlib import Path
 from .provenance import RESULTS, check
 from .scale_grid import BEATS, LABELS, ODBS, TARGETS, in_scope, target_lines, without_timings
 
-__all__ = ["merge", "current_rows", "tally", "window_lines", "dealing_lines", "main"]
+__all__ = ["merge", "tally", "window_lines", "dealing_lines", "main"]
 
 
 def _key(r: dict) -> tuple:
@@ -120,13 +120,6 @@ def dealing_lines(rows: list[dict]) -> list[str]:
             f"{max(level):.3f} (now {min(s):.3f}-{max(s):.3f}), >= {want} at {sum(v >= want for v in level)}/"
             f"{len(level)} points (now {sum(v >= want for v in s)})")
     return lines
-
-
-def current_rows(results_dir: str | Path = RESULTS) -> list[dict]:
-    """The merged points of the current scale grids of `results_dir` (`tally`'s, without the report)."""
-    status = {name: st for name, st, _ in check(results_dir)}
-    return merge({p.name: json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("scale_grid*.json"))
-                  if status[p.name] != "STALE"})
 
 
 def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
