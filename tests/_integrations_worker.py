@@ -80,7 +80,7 @@ def all_indices_gather(local: list[int]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- HF
-def run_hf(out_dir: str) -> dict:
+def run_hf(out_dir: str, exchange: bool = False) -> dict:
     from transformers import TrainerCallback, TrainingArguments
 
     from odb.integrations.hf import ODBTrainer
@@ -125,7 +125,8 @@ def run_hf(out_dir: str) -> dict:
                                  seed=0, ddp_backend="gloo" if world > 1 else None, **extra)
         ref = [None]
         t = Recording(model=tiny_llama(0), args=args, train_dataset=TinyDataset(N), data_collator=pad_collate,
-                      odb_loader_kwargs={"token_budget": BUDGET, "buffer_size": 6, "timeout_s": 60},
+                      odb_loader_kwargs={"token_budget": BUDGET, "buffer_size": 6, "timeout_s": 60,
+                                         **({"sharding": "dealt", "exchange": True} if exchange else {})},
                       callbacks=[Rec(ref, key)])
         ref[0] = t
         t._rec_pending, t._rec_window, t._rec_samples = [], [], 0
@@ -148,6 +149,7 @@ def run_hf(out_dir: str) -> dict:
     out1 = os.path.join(out_dir, "full")
     t = make(out1, "indices")
     t.train()
+    rec["moved"] = t.odb_loader.stats.exchange_received + t.odb_loader.stats.exchange_sent
     rec["progress"] = t.odb_progress.state_dict()
     rec["max_samples"] = t.odb_max_samples
     rec["first_window_global"] = all_indices_gather(rec["first_window"])
@@ -407,8 +409,9 @@ def main() -> None:
     framework, out_dir = sys.argv[1], sys.argv[2]
     if "WORLD_SIZE" in os.environ and framework == "plain":
         dist.init_process_group("gloo")
-    rec = {"hf": run_hf, "plain": run_plain, "accelerate": run_accelerate, "lightning": run_lightning}[framework](
-        out_dir)
+    run = {"hf": run_hf, "hf-exchange": lambda d: run_hf(d, exchange=True), "plain": run_plain,
+           "accelerate": run_accelerate, "lightning": run_lightning}[framework]
+    rec = run(out_dir)
     rec.pop("_before", None)
     write_record(rec, out_dir)
 

@@ -181,7 +181,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
     oversize, timeout_s, state (a state_dict per rank to load, or one merged state for every rank),
     save_at (step: return a state_dict taken after that step and stop; a rank whose data ends first
-    returns its final state), sharding ("auto" | "fixed" | "dealt").
+    returns its final state), sharding ("auto" | "fixed" | "dealt"), exchange (bool), pool (pool_size).
     """
     import odb
 
@@ -190,7 +190,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     kw = dict(buffer_size=spec.get("W", 8), mode=spec.get("mode", "pad"), trace_dir=spec.get("trace_dir"),
               num_workers=spec.get("workers", 0), oversize=spec.get("oversize", "alone"),
               timeout_s=spec.get("timeout_s", 20), seed=spec.get("seed", 0),
-              multiprocessing_context=spec.get("mp_context"), sharding=spec.get("sharding", "auto"))
+              multiprocessing_context=spec.get("mp_context"), sharding=spec.get("sharding", "auto"),
+              exchange=spec.get("exchange", False), pool_size=spec.get("pool", 1))
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
         ds = Stream(lengths, shards[rank])

@@ -36,8 +36,9 @@ def _gather(local: list) -> list:
     return [i for part in out for i in part]
 
 
-def _train(kind: str, k: int) -> dict:
-    """One epoch of FSDP2 or FSDP1 training with `k` micro-steps per optimizer step; see module doc."""
+def _train(kind: str, k: int, exchange: bool = False) -> dict:
+    """One epoch of FSDP2 or FSDP1 training with `k` micro-steps per optimizer step; see module doc.  With
+    `exchange`: dealt sharding and the round exchange instead of the uneven shards."""
     import torch
     import torch.distributed as dist
     from _tiny import TinyDataset, tiny_llama
@@ -63,7 +64,8 @@ def _train(kind: str, k: int) -> dict:
         model = FSDP(net, device_id=torch.device("cpu"), use_orig_params=True)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ds = TinyDataset(N)
-    loader = ODBDataLoader(ds, token_budget=BUDGET, buffer_size=6, timeout_s=60, sampler=ListSampler(SHARDS[rank]))
+    shards = {"sharding": "dealt", "exchange": True} if exchange else {"sampler": ListSampler(SHARDS[rank])}
+    loader = ODBDataLoader(ds, token_budget=BUDGET, buffer_size=6, timeout_s=60, **shards)
     stream = TrainStream(loader, k)
     ref = tiny_llama(0) if rank == 0 else None
     rec = {"steps": [], "errs": [], "windows": 0, "filler_windows": 0}
@@ -88,6 +90,7 @@ def _train(kind: str, k: int) -> dict:
         opt.zero_grad()
         pending, fillers = [], 0
     rec["fillers"] = loader.stats.fillers
+    rec["moved"] = loader.stats.exchange_sent + loader.stats.exchange_received
     loader.close()
     return rec
 
@@ -145,6 +148,7 @@ def _worker(out_dir: str) -> dict:
 
     dist.init_process_group("gloo")
     rec = {f"{kind}_k{k}": _train(kind, k) for kind, k in (("fsdp2", 1), ("fsdp2", 2), ("fsdp2", 3), ("fsdp1", 2))}
+    rec["fsdp2_k2_exchange"] = _train("fsdp2", 2, exchange=True)
     rec["fallbacks"] = _fallbacks(out_dir)
     return rec
 
@@ -169,6 +173,17 @@ def test_fsdp_two_ranks_uneven_shards_fillers_every_step_gradient_equals_global_
         # every sample of the epoch exactly once
         c = counts([{key: rec[key]["steps"]} for rec in fsdp_run], key)
         assert set(c.values()) == {1} and sorted(c) == [(0, i) for i in range(N)], key
+
+
+@pytest.mark.slow
+def test_fsdp2_with_the_round_exchange_keeps_the_global_token_mean_and_every_sample_once(fsdp_run):
+    key = "fsdp2_k2_exchange"
+    r0, r1 = (rec[key] for rec in fsdp_run)
+    assert r0["moved"] + r1["moved"] > 0  # batches ran on the rank that did not form them
+    assert r0["windows"] == r1["windows"] == len(r0["errs"]) > 0
+    assert max(r0["errs"]) < 1e-5, max(r0["errs"])
+    c = counts([{key: rec[key]["steps"]} for rec in fsdp_run], key)
+    assert set(c.values()) == {1} and sorted(c) == [(0, i) for i in range(N)]
 
 
 @pytest.mark.slow

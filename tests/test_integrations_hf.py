@@ -18,6 +18,13 @@ def test_hf_trainer_two_ranks_global_token_mean_sample_schedule_exactly_once_and
     check_run(run_workers("hf", tmp_path), n=N, lr0=1e-2)
 
 
+@pytest.mark.slow
+def test_hf_trainer_with_the_round_exchange_keeps_the_token_mean_exactly_once_and_resume(tmp_path):
+    recs = run_workers("hf-exchange", tmp_path)
+    assert sum(r["moved"] for r in recs) > 0  # batches did move between the two ranks
+    check_run(recs, n=N, lr0=1e-2)
+
+
 def test_hf_trainer_refuses_join_mode(tmp_path):
     from _tiny import TinyDataset, tiny_llama
     from transformers import TrainingArguments
