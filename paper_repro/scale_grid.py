@@ -72,7 +72,10 @@ __all__ = ["GRID_QUICK", "GRID_FULL", "METHODS", "TARGETS", "BEATS", "points", "
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DISTS = ("llava", "ultrachat", "mmmix", "sharegpt4o", "release")
 METHODS = ("gmt", "gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "kk_micro", "release_reimpl", "odb_dealt")
-LABELS = {"odb_pooled8": "ODB pool_size=8", "odb_pooled8_exchange": "ODB pool_size=8 + exchange", "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)", "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
+LABELS = {"odb_pooled8": "ODB pool_size=8", "odb_pooled8_exchange": "ODB pool_size=8 + exchange",
+          "odb_pooled8_exchange_balanced": "ODB pool_size=8 + exchange, budget-balanced",
+          "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)",
+          "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
           "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
           "odb_dealt": "ODB (dealt, default)"}
 # Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
@@ -91,6 +94,8 @@ HOST = 8
 POOLED = "odb_pooled8"
 EXCHANGE = "odb_exchange"  # the second structural prototype (`exchange_schedule`), where the pooled one runs
 POOLED_X = "odb_pooled8_exchange"  # ODB pool_size=8 with the round exchange, through the core (`exchange_point`)
+POOLED_XB = "odb_pooled8_exchange_balanced"  # the same with budget balance (``exchange_slack``), `exchange_point`
+SLACK = 125  # POOLED_XB's slack in basis points (``exchange_slack=0.0125``): docs/decisions, 2026-12-05
 # Micro-batches per optimizer step in the second step-model view (DDP no_sync / gradient accumulation, the
 # same count on every rank; `cluster_sim.simulate`'s ``accum``); the targets read the first view (1).
 ACCUM = 4
@@ -100,7 +105,8 @@ TARGETS = {"min_world": 64, "min_window": 256, "straggler_eff": 0.97, "steps_vs_
 # ODB's predicted throughput must be above each of these at every point (the issue's list).
 BEATS = ("gmt_shuffled", "bmt", "hf_rebalance", "dp_balanced", "release_reimpl")
 # The ODB configurations the targets are checked for.
-ODBS = ("odb_dealt", POOLED, POOLED_X)
+ODBS = ("odb_dealt", POOLED, POOLED_X, POOLED_XB)
+EXCHANGES = (POOLED_X, POOLED_XB)  # the configurations of ``--exchange-rows`` (`exchange_point`)
 
 
 def points(full: bool) -> list[tuple]:
@@ -239,9 +245,9 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
     return _versus_gmt(out, t0)
 
 
-def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bool = False) -> dict:
+def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bool = False, slack: int = 0) -> dict:
     """ODB with ``pool_size=HOST`` through the rank core (`odb.core.sim`, one core per pool), both scores;
-    with the round exchange (`exchange`) too, and its data movement."""
+    with the round exchange (`exchange`) too, and its data movement; `slack`: its budget balance (basis points)."""
     from odb.batching import default_policy
     from odb.core.sim import simulate
     from odb.runtime.engine import header_layout
@@ -250,10 +256,10 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
     from .bench_grid import _exactly_once
     from .bench_metrics import metrics
 
-    name = POOLED_X if exchange else POOLED
+    name = (POOLED_XB if slack else POOLED_X) if exchange else POOLED
     t1 = time.perf_counter()
     sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, pool_size=HOST,
-                   **({"exchange": True} if exchange else {}))
+                   **({"exchange": True, "exchange_slack": slack} if exchange else {}))
     rows, rounds = sim.batches, sim.rounds
     _exactly_once(rows, len(pt.sizes), f"{name} N={world} W={window}")
     plan = _plan(rows, pt.sizes, world, filler)
@@ -270,10 +276,12 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
     return m
 
 
-def exchange_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0) -> dict:
+def exchange_point(dist: str, world: int, window: int, budget: int, kind: str, per_rank: int, seed: int = 0,
+                   slack: int = 0) -> dict:
     """ODB ``pool_size=HOST`` with the round exchange (`POOLED_X`: `odb.core.sim` with ``exchange=True``, the
-    rank core that the loader runs with ``exchange=True``) and sorted GMT, on one point of `run_point`: the
-    rows of ``--exchange-rows``.  GMT is recomputed, so that `paper_repro.scale_targets` can check it against
+    rank core that the loader runs with ``exchange=True``; with a `slack`, `POOLED_XB`: budget balance,
+    ``exchange_slack = slack / 10,000``) and sorted GMT, on one point of `run_point`: the rows of
+    ``--exchange-rows``.  GMT is recomputed, so that `paper_repro.scale_targets` can check it against
     the committed grids' figures of the same point.  The step-time model charges the round collective with
     the fills in its header; the transfer of the moved batches is not charged (it runs a round ahead of
     their steps, beside the training)."""
@@ -294,7 +302,7 @@ def exchange_point(dist: str, world: int, window: int, budget: int, kind: str, p
         m["predicted"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), 1)
         m["predicted_accum"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), ACCUM)
         out["methods"][name] = m
-    out["methods"][POOLED_X] = _pooled(pt, world, window, collate, filler, exchange=True)
+    out["methods"][POOLED_XB if slack else POOLED_X] = _pooled(pt, world, window, collate, filler, True, slack)
     return _versus_gmt(out, t0)
 
 
@@ -318,7 +326,7 @@ def _run(p):
 
 
 def _run_exchange(p):
-    return exchange_point(*p[:6])
+    return exchange_point(*p[:6], slack=p[6] if len(p) > 6 else 0)
 
 
 def exchange_points(results_dir: str = RESULTS) -> list[tuple]:
@@ -336,23 +344,26 @@ def exchange_points(results_dir: str = RESULTS) -> list[tuple]:
 
 
 def write_exchange(res: dict, outdir: str = RESULTS, name: str = "") -> list[str]:
-    """``scale_grid_exchange[_name]_<yyyymm>.{json,md}``: the rows of ``--exchange-rows`` (`exchange_point`),
-    which `paper_repro.scale_targets` merges with the committed grids' points; returns the paths."""
-    base = os.path.join(outdir, f"scale_grid_exchange{f'_{name}' if name else ''}_{time.strftime('%Y%m')}")
+    """``scale_grid_exchange[_name]_<yyyymm>.{json,md}`` (``scale_grid_balanced...`` for `POOLED_XB`): the rows of
+    ``--exchange-rows`` (`exchange_point`), which `paper_repro.scale_targets` merges with the committed grids'
+    points; returns the paths."""
+    key = next(k for k in EXCHANGES if k in res["rows"][0]["methods"])
+    kind = "exchange" if key == POOLED_X else "balanced"
+    base = os.path.join(outdir, f"scale_grid_{kind}{f'_{name}' if name else ''}_{time.strftime('%Y%m')}")
     os.makedirs(outdir, exist_ok=True)
     with open(base + ".json", "w") as f:
         json.dump(res, f)
-    md = [f"# {LABELS[POOLED_X]}: the round exchange through the rank core at the committed grids' points", "",
+    md = [f"# {LABELS[key]}: the round exchange through the rank core at the committed grids' points", "",
           f"Command: `python -m paper_repro.scale_grid --exchange-rows{res.get('args', '')}`; {len(res['rows'])} "
           f"points in {res['seconds']:.0f} s; {time.strftime('%Y-%m-%d')}.  `exchange_point`: "
           + " ".join((exchange_point.__doc__ or "").split()), "",
           "## Targets (this configuration alone; `python -m paper_repro.scale_targets` merges it with the grids)", "",
-          *[x for x in target_lines(res) if x.startswith(f"- {LABELS[POOLED_X]}")], "",
+          *[x for x in target_lines(res) if x.startswith(f"- {LABELS[key]}")], "",
           "## Every point", "",
           "| dist | N | W | cost | per rank | straggler (budget) | straggler (step model) | steps / GMT | "
           "throughput / GMT | batches sent between pools |", "|" + "---|" * 10]
     for r in sorted(res["rows"], key=lambda r: (r["cost"], r["dist"], r["world"], r["window"], r["per_rank"])):
-        m = r["methods"][POOLED_X]
+        m = r["methods"][key]
         md.append(f"| {r['dist']} | {r['world']} | {r['window']} | {r['cost']} | {r['per_rank']} | "
                   f"{m['straggler_eff']:.3f} | {m['predicted']['straggler_eff']:.3f} | {m['steps_vs_gmt']:.3f} | "
                   f"{m['throughput_vs_gmt']:.4f} | {m['moved_batches']:.3f} |")
@@ -509,7 +520,7 @@ def _needs() -> list[str]:
 
 
 def _table(res: dict, cell) -> list[str]:
-    cols = METHODS + (POOLED, EXCHANGE, POOLED_X)
+    cols = METHODS + (POOLED, EXCHANGE, POOLED_X, POOLED_XB)
     lines = ["| dist | N | W | cost | per rank | " + " | ".join(LABELS[m] for m in cols) + " |",
              "|" + "---|" * (5 + len(cols))]
     key = lambda r: (r["cost"], r["dist"], r["world"], r["window"], r["per_rank"])  # noqa: E731
@@ -664,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --window: this many samples per rank instead (a control at equal epochs)")
     ap.add_argument("--exchange-rows", action="store_true",
                     help=f"{LABELS[POOLED_X]} and GMT (`exchange_point`) at the committed grids' in-scope points")
+    ap.add_argument("--slack", type=int, default=0, help=f"with --exchange-rows: budget balance, basis points "
+                    f"({LABELS[POOLED_XB]} at {SLACK})")
     ap.add_argument("--max-samples", type=int, default=0, help="with --exchange-rows: points of at most N x per "
                     "rank samples only")
     ap.add_argument("--min-samples", type=int, default=0, help="with --exchange-rows: points above this only")
@@ -710,15 +723,17 @@ def _exchange_main(args) -> int:
         raise SystemExit("no committed in-scope point passes the filters")
     prov, t0, rows = stamp(), time.monotonic(), []
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
-        for r in tqdm(ex.map(_run_exchange, pts), total=len(pts), desc="exchange rows", unit="point"):
+        for r in tqdm(ex.map(_run_exchange, [(*p, args.slack) for p in pts]), total=len(pts), desc="exchange rows",
+                      unit="point"):
             rows.append(r)
     res = {"targets": TARGETS, "beats": list(BEATS), "rows": rows, "seconds": time.monotonic() - t0,
            "provenance": prov, "args": "".join(f" --{k} {v}" for k, v in (
                ("worlds", args.worlds), ("dists", args.dists), ("costs", args.costs), ("max-samples", args.max_samples),
-               ("min-samples", args.min_samples), ("name", args.name)) if v)}
+               ("min-samples", args.min_samples), ("slack", args.slack), ("name", args.name)) if v)}
     for p in write_exchange(res, args.out, args.name):
         print("wrote", p)
-    print("\n".join(x for x in target_lines(res) if x.startswith(f"- {LABELS[POOLED_X]}")))
+    label = LABELS[POOLED_XB if args.slack else POOLED_X]
+    print("\n".join(x for x in target_lines(res) if x.startswith(f"- {label}")))
     return 0
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.exchange import check_plan, exchange_plan, moved
+from odb.batching.exchange import (KEY_SHIFT, MAX_BLOCK, check_plan, exchange_plan, moved, pack_key,
+                                   unpack_key)
 
 
 def _expect(fills, plan) -> None:
@@ -95,6 +96,62 @@ def test_rows_of_different_lengths_or_fills_that_are_not_numbers_are_refused():
         exchange_plan([[1, "2"]])
 
 
+# -- budget balance: keys of (step-time fill, budget fill) and a slack --------------------------------------------
+
+def _cost(order, n):
+    return sum(max(unpack_key(f)[0] for f in order[a:a + n]) for a in range(0, len(order), n))
+
+
+def test_a_hand_worked_round_is_budget_balanced_only_when_the_slack_pays_for_it():
+    # (fill, budget fill): rank 0 [(10, 1), (9, 9)], rank 1 [(10, 9), (9, 1)].  Rule 1 runs the two fills of 10
+    # at step 0 (budgets 9 and 1), at a cost of 10 + 9; the block of 2 steps re-sorted by budget runs the two
+    # budgets of 9 at step 0 (fills 10 and 9) and the two of 1 at step 1 (10 and 9): a cost of 20, 5.26% more
+    fills = [[pack_key(10, 1), pack_key(9, 9)], [pack_key(10, 9), pack_key(9, 1)]]
+    rule1 = [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+    assert exchange_plan(fills) == exchange_plan(fills, 526) == rule1
+    balanced = exchange_plan(fills, 527)
+    assert balanced == [[(0, 1), (0, 0)], [(1, 0), (1, 1)]]  # no batch moves; rank 0 swaps its two
+    check_plan(fills, balanced)
+    budget = {(r, k): unpack_key(f)[1] for r, row in enumerate(fills) for k, f in enumerate(row)}
+    assert [{budget[balanced[r][s]] for r in range(2)} for s in range(2)] == [{9}, {1}]
+
+
+def test_keys_pack_and_unpack_and_refuse_what_they_cannot_hold():
+    assert unpack_key(pack_key(123, 456)) == (123, 456)
+    assert unpack_key(pack_key(7, 10 * KEY_SHIFT)) == (7, KEY_SHIFT - 1)  # an over-budget fill is clamped
+    assert pack_key(2, 0) > pack_key(1, KEY_SHIFT - 1)  # the step-time fill orders first
+    for bad in ((-1, 0), (0, -1), (1 << 38, 0)):
+        with pytest.raises(ValueError, match="key"):
+            pack_key(*bad)
+    with pytest.raises(ValueError, match="slack"):
+        exchange_plan([[1]], -1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9).flatmap(lambda n: st.integers(1, 9).flatmap(
+    lambda s: st.tuples(st.lists(st.lists(st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 40))),
+                                          min_size=s, max_size=s), min_size=n, max_size=n),
+                        st.sampled_from([0, 1, 100, 500, 2000, 10000])))))
+def test_a_budget_balanced_round_runs_the_largest_block_within_its_slack(case):
+    raw, slack = case
+    fills = [[None if f is None else pack_key(*f) for f in row] for row in raw]
+    n = len(fills)
+    plan = exchange_plan(fills, slack)
+    check_plan(fills, plan)
+    items = sorted((-f, r, k) for r, row in enumerate(fills) for k, f in enumerate(row) if f is not None)
+    key = {(r, k): -m for m, r, k in items}
+    orders = {1: [(r, k) for _, r, k in items]}
+    for K in range(2, MAX_BLOCK + 1):
+        b = K * n
+        orders[K] = [o for a in range(0, len(items), b) for o in sorted(
+            orders[1][a:a + b], key=lambda o: (-unpack_key(key[o])[1], o))]
+    cost = {K: _cost([key[o] for o in order], n) for K, order in orders.items()}
+    fits = [K for K in orders if K == 1 or (slack and 10_000 * cost[K] <= (10_000 + slack) * cost[1])]
+    want = orders[max(fits)]
+    for s in range(len(fills[0])):  # each step runs the next N of that order (rule 2), whoever runs them
+        assert {plan[r][s] for r in range(n)} - {None} == set(want[s * n:(s + 1) * n])
+
+
 # -- the rank core runs the plan (`odb.core.rank`, driven by `odb.core.sim`) ------------------------------------
 
 def _point(world, per_rank, kind="padded", seed=0):
@@ -105,10 +162,10 @@ def _point(world, per_rank, kind="padded", seed=0):
     return sizes, make_cost_model(kind, 8192)
 
 
-def _expected(rows, sizes, cost, steps, attention):
-    """`exchange_plan` on int fills (`batch_fill`) applied to every formed round (the last one through the
+def _expected(rows, sizes, cost, steps, attention, slack=0):
+    """`exchange_plan` on int fills (`batch_key`) applied to every formed round (the last one through the
     pass's flush round)."""
-    from odb.batching.exchange import batch_fill
+    from odb.batching.exchange import batch_key
 
     out, a = [list(r) for r in rows], 0
     bounds = []
@@ -117,32 +174,35 @@ def _expected(rows, sizes, cost, steps, attention):
         a += t
     for a, b in bounds:
         batch = [[rows[r][k] for k in range(a, b)] for r in range(len(rows))]
-        plan = exchange_plan([[None if bt is None else batch_fill([sizes[i] for i in bt], cost, attention)
-                               for bt in row] for row in batch])
+        plan = exchange_plan([[None if bt is None else batch_key([sizes[i] for i in bt], cost, attention, slack)
+                               for bt in row] for row in batch], slack)
         for r, row in enumerate(plan):
             for j, o in enumerate(row):
                 out[r][a + j] = None if o is None else batch[o[0]][o[1]]
     return out
 
 
-@pytest.mark.parametrize("world, window, pool, mode, kind", [
-    (12, 48, 1, "pad", "padded"), (16, 32, 4, "pad", "packed"), (8, 40, 1, "quota", "quadratic"),
-    (8, 24, 2, "pad", "padded")])
-def test_the_rank_core_exchanges_every_round_as_the_plan_says(world, window, pool, mode, kind):
+@pytest.mark.parametrize("world, window, pool, mode, kind, slack", [
+    (12, 48, 1, "pad", "padded", 0), (16, 32, 4, "pad", "packed", 0), (8, 40, 1, "quota", "quadratic", 0),
+    (8, 24, 2, "pad", "padded", 0), (12, 48, 1, "pad", "padded", 300), (16, 32, 4, "pad", "packed", 1000)])
+def test_the_rank_core_exchanges_every_round_as_the_plan_says(world, window, pool, mode, kind, slack):
     from odb.batching import default_policy
     from odb.core.sim import simulate
 
     sizes, cost = _point(world, 6 * window, kind)
     run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
     plain = simulate([[] for _ in range(world)], cost, **run)
-    ex = simulate([[] for _ in range(world)], cost, exchange=True, **run)
+    ex = simulate([[] for _ in range(world)], cost, exchange=True, exchange_slack=slack, **run)
     assert ex.targets[:-1] == plain.targets  # the same batches in the same rounds, and one flush collective
     steps = [-(-t // pool) for t in plain.targets[:-1]]  # the last collective stops the pass: it forms nothing
     assert sum(steps) == len(plain.batches[0])
-    assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention)
+    assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention, slack)
     assert ex.batches != plain.batches  # batches did move
+    if slack:  # budget balance changed the plan
+        assert ex.batches != simulate([[] for _ in range(world)], cost, exchange=True, **run).batches
     if pool > 1:  # every rank's own replica, as the runtime runs them: the same batches
-        assert simulate([[] for _ in range(world)], cost, exchange=True, replicas=True, **run).batches == ex.batches
+        assert simulate([[] for _ in range(world)], cost, exchange=True, exchange_slack=slack, replicas=True,
+                        **run).batches == ex.batches
 
 
 @pytest.mark.parametrize("pool", [1, 4])
@@ -285,7 +345,7 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
         core = object.__new__(RankCore)
         held = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)]
         core.__dict__.update(rank=rank, lane=rank, lanes=2, _round_target=4, _held=held,
-                             _rows=SimpleNamespace(fills=fills), _pending=None)
+                             _rows=SimpleNamespace(fills=fills), _pending=None, _slack=0)
         core._plan()
         assert core._send == () and core._expect == (), (rank, core._send, core._expect)
         placed[rank] = [(m, b.positions) for m, b in core._placed]

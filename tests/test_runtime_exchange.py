@@ -52,6 +52,7 @@ def _run(rank, world_size, spec):
     data = _Odd(LENGTHS, range(len(LENGTHS))) if odd else Samples(LENGTHS, drop=DROPS)
     loader = odb.ODBDataLoader(data, BUDGET, _collate, buffer_size=spec["W"], mode=spec["mode"], sharding="dealt",
                                seed=5, timeout_s=spec.get("timeout_s", 30), exchange=spec.get("exchange", True),
+                               exchange_slack=spec.get("slack", 0.0),
                                pool_size=spec.get("pool", 1), trace_dir=spec.get("trace_dir"))
     steps, error = [], None
     try:
@@ -74,17 +75,20 @@ def _simulated(world_size, spec):
     deal = [None if i in DROPS else ((LENGTHS[i],), LENGTHS[i] - 1) for i in order]
     sim = simulate([[] for _ in range(world_size)], make_cost_model("padded", BUDGET), window=spec["W"],
                    mode=spec["mode"], deal=deal, pool_size=spec.get("pool", 1), exchange=spec.get("exchange", True),
+                   exchange_slack=round(spec.get("slack", 0.0) * 10_000) if spec.get("exchange", True) else 0,
                    replicas=True)
     return [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, mode, W, pool", [(4, "pad", 8, 1), (3, "quota", 10, 1), (4, "pad", 6, 2)])
-def test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform(tmp_path, world, mode, W, pool):
+@pytest.mark.parametrize("world, mode, W, pool, slack", [(4, "pad", 8, 1, 0.0), (3, "quota", 10, 1, 0.0),
+                                                         (4, "pad", 6, 2, 0.0), (4, "pad", 8, 1, 0.05)])
+def test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform(tmp_path, world, mode, W, pool,
+                                                                                 slack):
     from proofs.conformance.check import assert_conformant
 
     trace = str(tmp_path / "trace")
-    spec = {"W": W, "mode": mode, "pool": pool, "trace_dir": trace}
+    spec = {"W": W, "mode": mode, "pool": pool, "trace_dir": trace, "slack": slack}
     res = run_ranks(_run, world, tmp_path, args=(spec,), timeout_s=120)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
     got = [r.value for r in res]
@@ -92,6 +96,8 @@ def test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform(
     batches = [[s[0] for s in g["steps"]] for g in got]
     assert batches == _simulated(world, spec)  # the simulated code is the code that runs, moves included
     assert batches != _simulated(world, {**spec, "exchange": False})  # and batches did move
+    if slack:  # budget balance changed the plan somewhere (and the traces conform with it, below)
+        assert batches != _simulated(world, {**spec, "slack": 0.0})
     sent, received = sum(g["sent"] for g in got), sum(g["received"] for g in got)
     assert sent == received > 0 and all(g["bytes"] > 0 for g in got if g["sent"] or g["received"])
     steps = len(got[0]["steps"])
@@ -242,6 +248,16 @@ def test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_brin
             odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, **kw)
     with pytest.raises(ConfigError, match="exchange"):
         odb.ODBDataLoader(data, BUDGET, _collate, exchange=1)
+    with pytest.raises(ConfigError, match="without exchange=True"):
+        odb.ODBDataLoader(data, BUDGET, _collate, exchange_slack=0.01)
+    for bad in (-0.01, 0.2, True, "0.01"):
+        with pytest.raises(ConfigError, match="exchange_slack"):
+            odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, exchange_slack=bad)
+    loader = odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, exchange_slack=0.0125)
+    try:  # compared in the construction check, and what the core's plan reads
+        assert loader.shared.exchange_slack == loader.layout.slack == 125
+    finally:
+        loader.close()
 
 
 def test_on_one_rank_the_exchange_moves_nothing_and_emits_the_simulations_batches():

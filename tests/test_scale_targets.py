@@ -125,7 +125,8 @@ def test_the_committed_grids_agree_where_they_overlap_and_the_readme_quotes_thei
 
 
 def test_the_exchange_rows_run_the_core_beside_gmt_and_merge_with_the_grids_point(small_scope):
-    from paper_repro.scale_grid import LABELS, POOLED, POOLED_X, TARGETS, exchange_point, run_point, target_lines
+    from paper_repro.scale_grid import (LABELS, POOLED, POOLED_X, POOLED_XB, SLACK, TARGETS, exchange_point, run_point,
+                                        target_lines)
     from paper_repro.scale_targets import merge
 
     p = ("sharegpt4o", 16, 16, 4096, "padded", 96)
@@ -139,3 +140,11 @@ def test_the_exchange_rows_run_the_core_beside_gmt_and_merge_with_the_grids_poin
     lines = "\n".join(target_lines({"targets": TARGETS, "rows": [merged]}))
     assert f"- {LABELS[POOLED_X]}: predicted throughput" in lines
     assert f"- {LABELS[POOLED_X]} must beat HF rebalance" in lines
+    bal = exchange_point(*p, slack=SLACK)  # budget balance: the same batches, planned with the slack
+    assert set(bal["methods"]) == {"gmt", POOLED_XB} and bal["methods"]["gmt"] == ex["methods"]["gmt"]
+    b = bal["methods"][POOLED_XB]
+    assert b["steps"] == m["steps"] and b["rounds"] == m["rounds"] and b["straggler_eff"] != m["straggler_eff"]
+    (merged,) = merge({"grid": {"rows": [grid]}, "exchange": {"rows": [ex]}, "balanced": {"rows": [bal]}})
+    assert {POOLED_X, POOLED_XB} <= set(merged["methods"])
+    assert f"- {LABELS[POOLED_XB]}: straggler efficiency" in "\n".join(target_lines({"targets": TARGETS,
+                                                                                      "rows": [merged]}))

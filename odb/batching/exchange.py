@@ -16,16 +16,30 @@ the batches of one step are neighbours in fill on every rank, not only within on
    of its batches in the order of rule 1 stays), and the others go to the free ranks in increasing rank
    order, in the order of rule 1.  Whole batches move, never a part of one.
 
+**Budget balance** (``slack`` > 0, in basis points; the loader's ``exchange_slack``): rule 1's order makes a
+step's batches neighbours in step time (the fill), not in budget cost, so a step can hold one batch of a few long
+samples and one of many short ones, alike in time and far apart in budget.  With a slack each fill is a key
+(`pack_key`): the step-time fill and the budget fill (attention 0).  The plan then takes, of the orders
+
+    K = 1: rule 1;  K = 2 .. ``MAX_BLOCK``: rule 1's order cut into blocks of K N batches, each block re-sorted
+    by (decreasing budget fill, origin rank, origin step)
+
+the one of the largest K whose cost, the sum over its steps of the largest step-time fill, is at most
+``(1 + slack / 10,000)`` times K = 1's (integer arithmetic), and runs rules 2 and 3 on it.  So a round spends at
+most that share of its step time on budget balance, and a round whose blocks would cost more keeps rule 1.
+
 The plan reads the gathered fills and nothing else, so every rank that gathered the same fills computes
 the same plan: a rank sends exactly the batches the others expect from it, and every batch runs exactly
 once (`check_plan` checks both on any plan).  The rank core runs it (`odb.core.rank`, a layout with
-``exchange``, the table's flush round for the pass's last round) in the simulation; the loader has no
-transfer yet.  `paper_repro.scale_grid.exchange_schedule`
-applies it to simulated rounds with float fills.  ``docs/decisions/2026-12-05-exchange-design.md`` gives the
-design and its costs.
+``exchange``, the table's flush round for the pass's last round), in the simulation and in the loader
+(``ODBDataLoader(exchange=True)``, its transfer in `odb.runtime.transport`).
+`paper_repro.scale_grid.exchange_schedule` applies it to simulated rounds with float fills.
+``docs/decisions/2026-12-05-exchange-design.md`` gives the design and its costs,
+``docs/decisions/2026-12-05-exchange-budget-balance.md`` budget balance.
 
 `batch_fill` is the fill a rank posts for one batch: the policy's (attention-aware) fill of the batch as a
-group of its own, as an int (x ``COST_SCALE``).  `rank_fills` turns the P gathered pool rows of fills
+group of its own, as an int (x ``COST_SCALE``); with budget balance it posts `batch_key`.  `rank_fills` turns the
+P gathered pool rows of fills
 (pool batch order) into the N ranks' rows of the plan (pool batch k is lane ``k mod G``'s step
 ``k div G``; a slot past the round's target, or a filler, is None).
 """
@@ -40,9 +54,13 @@ from .deal import COST_SCALE
 from .grouping import Group
 from .policy import aligned_fill
 
-__all__ = ["exchange_plan", "check_plan", "moved", "batch_fill", "rank_fills", "NO_FILL"]
+__all__ = ["exchange_plan", "check_plan", "moved", "batch_fill", "batch_key", "pack_key", "unpack_key",
+           "rank_fills", "NO_FILL", "KEY_SHIFT", "MAX_BLOCK"]
 
 NO_FILL = -1  # a header's fill for a filler or an absent slot
+KEY_SHIFT = 1 << 24  # a key's budget fill takes the low 24 bits: fills to 16.7 budgets (x COST_SCALE), then clamped
+MAX_BLOCK = 4  # the largest block (in steps) budget balance re-sorts: 2-4 measured, docs/decisions
+_MAX_FILL = 1 << 38  # a key's step-time fill stays below this (int64 with the shift), 274,877 budgets
 
 
 def batch_fill(sizes: Sequence, cost, attention: float) -> int:
@@ -51,6 +69,26 @@ def batch_fill(sizes: Sequence, cost, attention: float) -> int:
     sizes = list(sizes)
     g = Group(tuple(range(len(sizes))), True, cost.utilisation(sizes))
     return int(round(aligned_fill([g], sizes, cost, attention)[0].fill * COST_SCALE))
+
+
+def pack_key(fill: int, budget_fill: int) -> int:
+    """A budget-balance key: the step-time `fill` in the high bits, `budget_fill` (clamped) in the low 24."""
+    if not 0 <= fill < _MAX_FILL or budget_fill < 0:
+        raise ValueError(f"a key needs fills in [0, {_MAX_FILL}) and >= 0, got {fill} and {budget_fill}")
+    return int(fill) * KEY_SHIFT + min(int(budget_fill), KEY_SHIFT - 1)
+
+
+def unpack_key(key: int) -> tuple[int, int]:
+    """`pack_key` undone: ``(fill, budget fill)``."""
+    return divmod(int(key), KEY_SHIFT)
+
+
+def batch_key(sizes: Sequence, cost, attention: float, slack: int) -> int:
+    """What a rank posts for one batch: `batch_fill` without budget balance (``slack == 0``), else the
+    `pack_key` of its step-time fill and its budget fill (module docstring)."""
+    if not slack:
+        return batch_fill(sizes, cost, attention)
+    return pack_key(batch_fill(sizes, cost, attention), batch_fill(sizes, cost, 0.0))
 
 
 def rank_fills(pool_fills: np.ndarray, lanes: int, target: int) -> list[list]:
@@ -66,21 +104,26 @@ def rank_fills(pool_fills: np.ndarray, lanes: int, target: int) -> list[list]:
 Slot = tuple[int, int]
 
 
-def exchange_plan(fills: Sequence[Sequence]) -> list[list[Slot | None]]:
+def exchange_plan(fills: Sequence[Sequence], slack: int = 0) -> list[list[Slot | None]]:
     """``plan[rank][step]``: the origin slot of the batch that `rank` runs at `step`, or None for a filler
-    (module docstring).  `fills[rank][step]`: the fill of the batch formed there, or None for a filler;
-    every rank has the same number of steps.  Raises ValueError on rows of different lengths or a fill
-    that is not comparable."""
+    (module docstring).  `fills[rank][step]`: the fill of the batch formed there (with a `slack`, its
+    `pack_key`), or None for a filler; every rank has the same number of steps.  `slack`: budget balance's
+    share of step time, in basis points (0: none).  Raises ValueError on rows of different lengths, a fill
+    that is not comparable, or a negative slack."""
     n = len(fills)
     if n == 0:
         return []
     steps = len(fills[0])
     if any(len(row) != steps for row in fills):
         raise ValueError(f"every rank runs the same number of steps in a round, got {[len(r) for r in fills]}")
+    if slack < 0:
+        raise ValueError(f"the slack is a share of step time, >= 0; got {slack}")
     try:  # rule 1; ties by origin rank, then step, so the order is total and the same on every rank
         items = sorted((-f, r, k) for r, row in enumerate(fills) for k, f in enumerate(row) if f is not None)
     except TypeError as e:
         raise ValueError(f"fills must be numbers or None: {e}") from None
+    if slack:
+        items = _balanced(items, n, int(slack))
     plan: list[list[Slot | None]] = [[None] * steps for _ in range(n)]
     for step, a in enumerate(range(0, len(items), n)):  # rule 2
         taken, go = [False] * n, []
@@ -93,6 +136,26 @@ def exchange_plan(fills: Sequence[Sequence]) -> list[list[Slot | None]]:
         for origin, q in zip(go, (q for q in range(n) if not taken[q])):
             plan[q][step] = origin
     return plan
+
+
+def _balanced(items: list, n: int, slack: int) -> list:
+    """Budget balance (module docstring): `items` in rule 1's order of keys, as ``(-key, rank, step)``, in the
+    order of the largest block whose step-time cost is within the slack of rule 1's."""
+    keyed = [(divmod(-m, KEY_SHIFT), r, k, m) for m, r, k in items]  # ((fill, budget fill), rank, step, -key)
+    if any(m > 0 for m, _, _ in items):
+        raise ValueError("budget balance needs the keys of pack_key (>= 0)")
+
+    def cost(order: list) -> int:  # the sum over steps of the step's largest step-time fill
+        return sum(max(x[0][0] for x in order[a:a + n]) for a in range(0, len(order), n))
+
+    limit, best = (10_000 + slack) * cost(keyed), keyed
+    for K in range(2, MAX_BLOCK + 1):
+        b = K * n
+        order = [x for a in range(0, len(keyed), b)
+                 for x in sorted(keyed[a:a + b], key=lambda x: (-x[0][1], x[1], x[2]))]
+        if 10_000 * cost(order) <= limit:
+            best = order
+    return [(m, r, k) for _, r, k, m in best]
 
 
 def check_plan(fills: Sequence[Sequence], plan: Sequence[Sequence[Slot | None]]) -> None:

@@ -166,9 +166,12 @@ class HeaderLayout:
 
     ``lanes``: ranks sharing one window (`odb.core.pool`); each posts counts for its own batches, at
     most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling).
-    ``exchange``: the round exchange's layout: W fills more in the header."""
+    ``exchange``: the round exchange's layout: W fills more in the header.  ``slack``: the exchange's budget
+    balance (`odb.batching.exchange`, basis points of step time; 0: none): the fills are then keys
+    (`odb.batching.exchange.pack_key`), the same W ints."""
 
-    def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1, exchange: bool = False):
+    def __init__(self, summary_len: int, window: int, ladder_len: int, lanes: int = 1, exchange: bool = False,
+                 slack: int = 0):
         self.summary_len, self.window, self.ladder_len = int(summary_len), int(window), int(ladder_len)
         if lanes < 1 or self.window % lanes:
             raise ValueError(f"a window of {window} does not split into {lanes} lanes")
@@ -177,6 +180,9 @@ class HeaderLayout:
         self._deal = self._sum + self.summary_len
         self._intake = self._deal + len(_DEAL)
         self.exchange = bool(exchange)
+        if isinstance(slack, bool) or int(slack) != slack or slack < 0 or (slack and not self.exchange):
+            raise ValueError(f"an exchange slack is an int >= 0, and 0 without the exchange; got {slack!r}")
+        self.slack = int(slack)
         self._fills = self._intake + self.ladder_len
         self.length = self._fills + (self.window if self.exchange else 0)
         self.counts_len = 3 * self.steps

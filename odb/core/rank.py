@@ -40,7 +40,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import call_partition, check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
-from ..batching.exchange import NO_FILL, batch_fill, exchange_plan, rank_fills
+from ..batching.exchange import NO_FILL, batch_key, exchange_plan, rank_fills
 from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
@@ -162,6 +162,7 @@ class RankCore:
         self._planned: int | None = None  # exchange: the target of the round the last collect planned (traced)
         self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
         self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0
+        self._slack = layout.slack  # budget balance (basis points): a compared setting, in the layout
         self._send: tuple = ()
         self._expect: tuple = ()
         if self.exchange and self.cfg.get("xchg") != 1:
@@ -412,7 +413,7 @@ class RankCore:
         lane, m = lane_of(k, self.lanes)
         if self.exchange:  # the fill for the plan; the counts are posted where the batch is placed (`_post`)
             if taken is not None:
-                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)
+                self._fills[k] = batch_key([it.sizes for it in taken], self.cost, self._attention, self._slack)
             return
         if self.lane is None:  # the pool's one core (a simulation): every lane's counts, summed
             self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
@@ -493,7 +494,7 @@ class RankCore:
         if len(held) != T:
             raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
         self._held = []
-        plan = exchange_plan(rank_fills(self._rows.fills, G, T))
+        plan = exchange_plan(rank_fills(self._rows.fills, G, T), self._slack)
         pool = self.rank if self.lane is None else self.rank // G
         home = range(pool * G, pool * G + G)  # the pool's ranks
         own = list(home) if self.lane is None else [self.rank]  # the ranks whose batches this core releases

@@ -26,7 +26,8 @@ GATHERED = ("ahead",)  # per-rank values gathered with the check (each rank's ow
 PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, pool_size", "mode": "mode",
               "sharding": "sharding", "header_len": "policy, buffer_size", "policy": "policy",
               "cost": "cost, token_budget", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size", "exchange": "the round exchange"}
+              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size", "exchange": "the round exchange",
+              "exchange_slack": "exchange_slack"}
 
 
 def _crc(text: str) -> int:
@@ -48,6 +49,7 @@ class Shared:
     :param loss_basis: "label_tokens" | "tokens" | "samples" (the global counts every scale divides by).
     :param shift_labels: how label tokens are counted (the global label counts are sums of every rank's).
     :param exchange: the round exchange (`odb.core.rank`): the table's cfg ``xchg``.
+    :param exchange_slack: its budget balance (`odb.batching.exchange`), basis points; the plan reads it.
     :param order: how the loader builds its own order (``"shuffle=True seed=0 positions=600"``), or
         "own" when each rank brings its own samples (a sampler, an IterableDataset).
     """
@@ -64,6 +66,7 @@ class Shared:
     order: str
     lanes: int = 1
     exchange: bool = False
+    exchange_slack: int = 0
 
     def vector(self) -> list[int]:
         """One int per field (strings as CRC-32), in field order: what the construction check gathers."""

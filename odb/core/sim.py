@@ -158,18 +158,18 @@ class _Setting:
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
     def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str,
-                 share_deals: bool = True, lanes: int = 1, exchange: bool = False):
+                 share_deals: bool = True, lanes: int = 1, exchange: bool = False, slack: int = 0):
         self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
         self.lanes, self.pools = lanes, n // lanes
         self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, lanes)
         pol = policy()
         self._spare = [pol]  # the first core takes it: one policy per rank, as the runtime builds them
         w = lanes * window  # the table's window: a pool's
-        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes, exchange)
+        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes, exchange, slack)
         self.shared = Shared(protocol="sim", window=w, mode=mode, sharding="fixed" if deal is None else "dealt",
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
                              loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes,
-                             exchange=exchange)
+                             exchange=exchange, exchange_slack=slack)
         self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
@@ -199,7 +199,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
              loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
              share_deals: bool = True, pool_size: int = 1, replicas: bool = False,
-             exchange: bool = False, infos: bool = False) -> SimResult:
+             exchange: bool = False, exchange_slack: int = 0, infos: bool = False) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
@@ -217,7 +217,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
     batches; the stats' straggler estimate ``step_tokens_max`` is exact only then).
     ``exchange``: the round exchange (`odb.core.rank`, `odb.batching.exchange`; PAD or QUOTA, dealt): each
-    round's batches are re-dealt across the ranks by fill, the moved ones handed from core to core here.
+    round's batches are re-dealt across the ranks by fill, the moved ones handed from core to core here;
+    ``exchange_slack``: its budget balance, in basis points (the loader's ``exchange_slack`` x 10,000).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
@@ -227,7 +228,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     check_pool(n, pool_size, mode, "fixed" if deal is None else "dealt")
     if policy is None:  # the loader's default: `default_policy` for its pool size
         policy = functools.partial(default_policy, pool_size)
-    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size, exchange)
+    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size, exchange,
+                       exchange_slack)
     one = pool_size > 1 and not replicas  # one core per pool
     lane = (lambda r: None) if one else (lambda r: r % pool_size)  # noqa: E731
     cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize, lane(r))

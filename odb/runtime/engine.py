@@ -35,10 +35,11 @@ from .transport import BatchTransfer, HeaderGather, counts_mode
 __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
 
-def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False) -> HeaderLayout:
+def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False, slack: int = 0) -> HeaderLayout:
     """The header layout of a loader with this policy summary length and window (per rank), `lanes`
-    ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``) and the round exchange or not."""
-    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange)
+    ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``), the round exchange or not, and
+    its budget balance's `slack` (basis points)."""
+    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange, slack)
 
 
 class Engine:

@@ -221,7 +221,8 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
         trace = TraceWriter(trace_path(s.trace_dir, loader._loader_id, loader._passes, loader.rank), {
             "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
             "epoch": loader.epoch, "mode": s.mode, "loader": loader._loader_id, "iteration": loader._passes,
-            "policy": type(loader.policy).__name__, "sharding": loader.sharding, "lanes": lanes})
+            "policy": type(loader.policy).__name__, "sharding": loader.sharding, "lanes": lanes,
+            "exchange_slack": loader.layout.slack})
     loader._passes += 1
     replica = Replicated(loader.shared, world_size=loader.world_size // lanes, aheads=aheads, policy=loader.policy,
                          order=deal, epoch=loader.epoch)

@@ -88,7 +88,8 @@ class ODBDataLoader:
         self.cost, self.policy = s.cost_and_policy()
         if s.filler_sample is not None:
             check_filler(s.filler_sample, self.cost, s)
-        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size, s.pool_size, s.exchange)
+        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size, s.pool_size, s.exchange,
+                                    s.slack_bp)
         own_order = s.sampler is None and not iterable
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
                                policy=self.policy, num_positions=len(dataset) if own_order else None,

@@ -29,7 +29,8 @@ SHARDINGS = ("auto", "dealt", "fixed")
 # field -> the Shared field it is compared as (every rank must set it alike)
 COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "mode": "mode",
             "sharding": "sharding", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-            "shuffle": "order", "seed": "order", "pool_size": "lanes", "exchange": "exchange"}
+            "shuffle": "order", "seed": "order", "pool_size": "lanes", "exchange": "exchange",
+            "exchange_slack": "exchange_slack"}
 # field -> why it may differ per rank
 RANK_LOCAL = {
     "sampler": "each rank's own indices (its order is then compared as 'own')",
@@ -139,6 +140,13 @@ class LoaderSettings:
     ``docs/decisions/2026-12-05-exchange-design.md``.  The price: one more round of batches held (about 3W
     samples in host memory), those bytes, and a pass longer by one header collective.  Needs ``mode="pad"``
     or ``"quota"`` and dealt sharding.  False: every batch runs on the rank that formed it."""
+    exchange_slack: float = 0.0
+    """With ``exchange=True``: the share of a round's step time (by the fills) its plan may spend on
+    balancing the steps' budget cost too (`odb.batching.exchange`, budget balance), 0 to 0.1, in steps of
+    0.0001.  0: the plan aligns step time only, and a step can hold batches alike in time and far apart in
+    budget cost.  Simulated with ``pool_size=8`` at 0.0125 (``docs/decisions/2026-12-05-exchange-budget-balance.md``):
+    it raises the budget-cost straggler efficiency to >= 0.97 where 0 leaves it at 0.947-0.97, for about
+    0.3% of predicted throughput and about twice the batches moved."""
     progress: bool = False
     """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
     is not known ahead, the number of samples is); pass ``progress=(rank == 0)`` for one bar."""
@@ -168,6 +176,11 @@ class LoaderSettings:
         for name in ("shuffle", "persistent_workers", "progress", "exchange"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "True or False")
+        sl = self.exchange_slack
+        if isinstance(sl, bool) or not isinstance(sl, (int, float)) or not 0 <= sl <= 0.1:
+            bad("exchange_slack", "a number from 0 to 0.1")
+        if sl and not self.exchange:
+            raise ConfigError(f"exchange_slack={sl!r} without exchange=True: the slack is the exchange plan's")
         if self.shift_labels is not None and not isinstance(self.shift_labels, bool):
             bad("shift_labels", "None, True or False")
         tb = self.token_budget
@@ -233,7 +246,12 @@ class LoaderSettings:
         return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size * self.pool_size,
                       mode=self.mode, sharding=sharding, header_len=header_len, policy=describe_policy(policy),
                       cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=shift_labels,
-                      order=order, lanes=self.pool_size, exchange=self.exchange)
+                      order=order, lanes=self.pool_size, exchange=self.exchange, exchange_slack=self.slack_bp)
+
+    @property
+    def slack_bp(self) -> int:
+        """``exchange_slack`` in basis points, the int every rank compares and the plan reads."""
+        return int(round(self.exchange_slack * 10_000))
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping) -> "LoaderSettings":

@@ -282,8 +282,9 @@ def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunRepo
     return decided
 
 
-def _check_exchange(ranks: list[_Rank], rep: RunReport, decided: dict, lanes: int) -> None:
-    """Condition 5: every collect's moves against the plan recomputed from the posted fills."""
+def _check_exchange(ranks: list[_Rank], rep: RunReport, decided: dict, lanes: int, slack: int = 0) -> None:
+    """Condition 5: every collect's moves against the plan recomputed from the posted fills (with the run's
+    budget-balance `slack`)."""
     n = len(ranks)
     sent: dict = {}   # (round, origin, to) -> positions, as the senders recorded them
     got: dict = {}    # (round, origin, to) -> positions, as the receivers recorded them
@@ -307,7 +308,7 @@ def _check_exchange(ranks: list[_Rank], rep: RunReport, decided: dict, lanes: in
                 rep.problems.append(f"{where}: planned a round of target {T}, the round before decided "
                                     f"{None if before is None else before[0]}")
                 continue
-            plan = exchange_plan(rank_fills(np.array(coll["fills"], dtype=np.int64), lanes, T))
+            plan = exchange_plan(rank_fills(np.array(coll["fills"], dtype=np.int64), lanes, T), slack)
             home = range(rank // lanes * lanes, rank // lanes * lanes + lanes)  # a move inside a pool is in memory
             want_send = sorted((q, tuple(o)) for q, row in enumerate(plan) for o in row
                                if o is not None and o[0] == rank and q not in home)
@@ -372,7 +373,11 @@ def check_run(paths: list[str], table: Table = DGAP, died: frozenset = frozenset
     lanes = lanes.pop()
     decided = _check_collectives(table, loaded[0][0]["cfg"], ranks, rep, policy, lanes)
     if loaded[0][0]["cfg"].get("xchg") == 1:
-        _check_exchange(ranks, rep, decided, lanes)
+        slack = {m.get("exchange_slack", 0) for m, _ in loaded}
+        if len(slack) > 1:
+            rep.problems.append(f"ranks ran with exchange slacks {sorted(slack)}")
+            return rep
+        _check_exchange(ranks, rep, decided, lanes, slack.pop())
     _check_happens_before([metas[rank][1] for rank in range(n)], rep)
     return rep
 

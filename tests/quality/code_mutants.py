@@ -672,9 +672,10 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "a stubbed packing collate is taken for a padding one: the loader counts one label per sample too many"),
     # -- the round exchange in the rank core (odb.core.rank; the simulation drives it) ---------------------------
     CodeMutant("core_exchange_counts_as_formed", "odb/core/rank.py",
-               "                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)\n"
-               "            return\n",
-               "                self._fills[k] = batch_fill([it.sizes for it in taken], self.cost, self._attention)\n",
+               "                self._fills[k] = batch_key([it.sizes for it in taken], self.cost, self._attention, "
+               "self._slack)\n            return\n",
+               "                self._fills[k] = batch_key([it.sizes for it in taken], self.cost, self._attention, "
+               "self._slack)\n",
                (X + "test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once",),
                "a batch's counts are posted where it was formed as well as where it runs: every step's global "
                "counts, and so every loss scale, are wrong"),
@@ -697,9 +698,9 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (X + "test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_runs_once",),
                "the pass's last round is planned instead of released: its batches are lost"),
     CodeMutant("core_exchange_plan_from_own_fills", "odb/core/rank.py",
-               "plan = exchange_plan(rank_fills(self._rows.fills, G, T))",
+               "plan = exchange_plan(rank_fills(self._rows.fills, G, T), self._slack)",
                "plan = exchange_plan(rank_fills(self._rows.fills[[self.rank // G if self.lane is not None "
-               "else self.rank] * len(self._rows)], G, T))",
+               "else self.rank] * len(self._rows)], G, T), self._slack)",
                (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
                "a rank-local input in the replicated plan: each rank plans as if every pool had formed its own "
                "batches, so the ranks' plans differ and the deliveries no longer match (must fail loudly)"),
@@ -712,6 +713,29 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "self._attention = 0.0",
                (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
                "the posted fills ignore the policy's attention: the plan lines up budget cost, not step time"),
+    CodeMutant("core_exchange_slack_dropped", "odb/core/rank.py",
+               "plan = exchange_plan(rank_fills(self._rows.fills, G, T), self._slack)",
+               "plan = exchange_plan(rank_fills(self._rows.fills, G, T))",
+               (X + "test_the_rank_core_exchanges_every_round_as_the_plan_says",),
+               "the core posts budget-balance keys but plans without the slack: budget cost is never balanced"),
+    # -- budget balance in the plan (odb.batching.exchange) --------------------------------------------------------
+    CodeMutant("exchange_balance_budget_ascending", "odb/batching/exchange.py",
+               "key=lambda x: (-x[0][1], x[1], x[2])", "key=lambda x: (x[0][1], x[1], x[2])",
+               (X + "test_a_hand_worked_round_is_budget_balanced_only_when_the_slack_pays_for_it",
+                X + "test_a_budget_balanced_round_runs_the_largest_block_within_its_slack"),
+               "a block is re-sorted by increasing budget fill: the plan differs from the documented one on every rank "
+               "alike (balance is the same by symmetry, but the rule is not the one proved against the checker)"),
+    CodeMutant("exchange_balance_smallest_block", "odb/batching/exchange.py",
+               "        if 10_000 * cost(order) <= limit:\n            best = order\n",
+               "        if 10_000 * cost(order) <= limit:\n            best = order\n            break\n",
+               (X + "test_a_budget_balanced_round_runs_the_largest_block_within_its_slack",),
+               "the first block within the slack is taken, not the largest: less budget balance than the slack "
+               "pays for"),
+    CodeMutant("exchange_balance_ignores_the_slack", "odb/batching/exchange.py",
+               "limit, best = (10_000 + slack) * cost(keyed), keyed", "limit, best = 10 ** 30, keyed",
+               (X + "test_a_hand_worked_round_is_budget_balanced_only_when_the_slack_pays_for_it",
+                X + "test_a_budget_balanced_round_runs_the_largest_block_within_its_slack"),
+               "every round takes the largest block whatever it costs in step time: throughput is spent without bound"),
     # -- the exchange in the loader: its transfer on gloo and its conformance condition --------------------------
     CodeMutant("transfer_only_by_receivers", "odb/runtime/engine.py",
                "moves = self._exchange(out) if out.send or out.expect or core.receiving else None",
@@ -741,6 +765,17 @@ MUTANTS: tuple[CodeMutant, ...] = (
                'if loaded[0][0]["cfg"].get("xchg") == 1:', "if False:",
                (C + "test_a_tampered_exchange_trace_is_rejected",),
                "the checker ignores the exchange: a trace of moves the plan does not make passes"),
+    CodeMutant("conformance_exchange_slack_ignored", "proofs/conformance/check.py",
+               "_check_exchange(ranks, rep, decided, lanes, slack.pop())",
+               "_check_exchange(ranks, rep, decided, lanes)",
+               (E + "test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform",),
+               "the checker recomputes the plan without the run's slack: a budget-balanced run is reported "
+               "non-conformant (and a run that ignored its slack would pass a check that shares the bug)"),
+    CodeMutant("settings_slack_not_compared", "odb/runtime/settings.py",
+               "exchange=self.exchange, exchange_slack=self.slack_bp)", "exchange=self.exchange)",
+               (E + "test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_bring_their_own_samples",),
+               "ranks with different slacks pass the construction check and plan differently: batches lost and "
+               "repeated"),
     CodeMutant("conformance_exchange_positions_unchecked", "proofs/conformance/check.py",
                "elif got[key] is not None and sent[key] != got[key]:", "elif False:",
                (C + "test_a_tampered_exchange_trace_is_rejected",),
