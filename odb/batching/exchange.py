@@ -60,7 +60,7 @@ __all__ = ["exchange_plan", "check_plan", "moved", "batch_fill", "batch_key", "p
 NO_FILL = -1  # a header's fill for a filler or an absent slot
 KEY_SHIFT = 1 << 24  # a key's budget fill takes the low 24 bits: fills to 16.7 budgets (x COST_SCALE), then clamped
 MAX_BLOCK = 4  # the largest block (in steps) budget balance re-sorts: 2-4 measured, docs/decisions
-_MAX_FILL = 1 << 38  # a key's step-time fill stays below this (int64 with the shift), 274,877 budgets
+_MAX_FILL = 1 << 38  # a key's step-time fill is clamped below this (int64 with the shift): 274,877 budgets
 
 
 def batch_fill(sizes: Sequence, cost, attention: float) -> int:
@@ -72,10 +72,11 @@ def batch_fill(sizes: Sequence, cost, attention: float) -> int:
 
 
 def pack_key(fill: int, budget_fill: int) -> int:
-    """A budget-balance key: the step-time `fill` in the high bits, `budget_fill` (clamped) in the low 24."""
-    if not 0 <= fill < _MAX_FILL or budget_fill < 0:
-        raise ValueError(f"a key needs fills in [0, {_MAX_FILL}) and >= 0, got {fill} and {budget_fill}")
-    return int(fill) * KEY_SHIFT + min(int(budget_fill), KEY_SHIFT - 1)
+    """A budget-balance key: the step-time `fill` in the high bits, `budget_fill` in the low 24, each clamped
+    (a batch that far over budget is an oversize sample run alone; clamped, such batches tie and go by origin)."""
+    if fill < 0 or budget_fill < 0:
+        raise ValueError(f"a key needs fills >= 0, got {fill} and {budget_fill}")
+    return min(int(fill), _MAX_FILL - 1) * KEY_SHIFT + min(int(budget_fill), KEY_SHIFT - 1)
 
 
 def unpack_key(key: int) -> tuple[int, int]:
