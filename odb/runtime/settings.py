@@ -134,7 +134,7 @@ class LoaderSettings:
     by decreasing fill, so a step's batches are neighbours in cost across the whole group, not only within
     one rank's window; the batches the plan moves are sent point to point on the loader's gloo group
     (pickled samples), one round after they were formed.  Simulated at 64 to 1,024 ranks with
-    ``pool_size=8`` it predicts 0.975-1.029x the sorted offline oracle's throughput at 75 points
+    ``pool_size=8`` it predicts 0.975-1.029x the sorted offline oracle's throughput at 80 points
     (``paper_repro/results/scale_grid_exchange_202612.md``), sending 7-16% of the batches between pools
     (at most about 2 MB per rank per round for text at 1,024 ranks):
     ``docs/decisions/2026-12-05-exchange-design.md``.  The price: one more round of batches held (about 3W
