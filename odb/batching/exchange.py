@@ -142,9 +142,9 @@ def exchange_plan(fills: Sequence[Sequence], slack: int = 0) -> list[list[Slot |
 def _balanced(items: list, n: int, slack: int) -> list:
     """Budget balance (module docstring): `items` in rule 1's order of keys, as ``(-key, rank, step)``, in the
     order of the largest block whose step-time cost is within the slack of rule 1's."""
-    keyed = [(divmod(-m, KEY_SHIFT), r, k, m) for m, r, k in items]  # ((fill, budget fill), rank, step, -key)
     if any(m > 0 for m, _, _ in items):
         raise ValueError("budget balance needs the keys of pack_key (>= 0)")
+    keyed = [(divmod(-m, KEY_SHIFT), r, k, m) for m, r, k in items]  # ((fill, budget fill), rank, step, -key)
 
     def cost(order: list) -> int:  # the sum over steps of the step's largest step-time fill
         return sum(max(x[0][0] for x in order[a:a + n]) for a in range(0, len(order), n))
