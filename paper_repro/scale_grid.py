@@ -109,6 +109,11 @@ ODBS = ("odb_dealt", POOLED, POOLED_X, POOLED_XB)
 EXCHANGES = (POOLED_X, POOLED_XB)  # the configurations of ``--exchange-rows`` (`exchange_point`)
 
 
+def exchange_key(slack: int) -> str:
+    """The method key of an exchange row with this budget-balance `slack` (basis points)."""
+    return POOLED_XB if slack else POOLED_X
+
+
 def points(full: bool) -> list[tuple]:
     """The grid's points ``(dist, N, W, B, cost, per_rank, pooled)``, largest first (a pool then ends on small
     ones); ``pooled``: the point also runs ODB with pooled windows (`POOLED`) and the exchange prototype."""
@@ -256,7 +261,7 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
     from .bench_grid import _exactly_once
     from .bench_metrics import metrics
 
-    name = (POOLED_XB if slack else POOLED_X) if exchange else POOLED
+    name = exchange_key(slack) if exchange else POOLED
     t1 = time.perf_counter()
     sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, pool_size=HOST,
                    **({"exchange": True, "exchange_slack": slack} if exchange else {}))
@@ -302,7 +307,7 @@ def exchange_point(dist: str, world: int, window: int, budget: int, kind: str, p
         m["predicted"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), 1)
         m["predicted_accum"] = _predicted(plan, world, collate, 0.0, extra.get("rounds", 0), ACCUM)
         out["methods"][name] = m
-    out["methods"][POOLED_XB if slack else POOLED_X] = _pooled(pt, world, window, collate, filler, True, slack)
+    out["methods"][exchange_key(slack)] = _pooled(pt, world, window, collate, filler, True, slack)
     return _versus_gmt(out, t0)
 
 
@@ -732,7 +737,7 @@ def _exchange_main(args) -> int:
                ("min-samples", args.min_samples), ("slack", args.slack), ("name", args.name)) if v)}
     for p in write_exchange(res, args.out, args.name):
         print("wrote", p)
-    label = LABELS[POOLED_XB if args.slack else POOLED_X]
+    label = LABELS[exchange_key(args.slack)]
     print("\n".join(x for x in target_lines(res) if x.startswith(f"- {label}")))
     return 0
 
