@@ -649,6 +649,34 @@ def fingerprint(probes=PROBES, quality_probes=QUALITY_PROBES) -> str:
     return h.hexdigest()
 
 
+# (dist, world, window, budget, cost, per_rank) of the exchange rows' fingerprint: 2 pools of 8, where the plain
+# exchange moves 8% of the batches and budget balance 11%, with other figures (`exchange_fingerprint`)
+EXCHANGE_PROBE = ("sharegpt4o", 16, 32, 4096, "padded", 128)
+
+
+def exchange_digest(point, probe, slack, timing_keys) -> str:
+    """The SHA-256 of ``point(*probe)`` at budget-balance `slack`, `timing_keys` left out.  Standard library only,
+    and no name of this module: `paper_repro.provenance.at_commit` runs its source against an older checkout's
+    `exchange_point` (one without a ``slack`` argument, before budget balance, at ``slack == 0``)."""
+    import hashlib as _h
+    import json as _j
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in timing_keys}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    res = point(*probe, slack=slack) if slack else point(*probe)
+    return _h.sha256(_j.dumps(strip(res), sort_keys=True).encode()).hexdigest()
+
+
+def exchange_fingerprint(slack: int, probe=EXCHANGE_PROBE) -> str:
+    """What `fingerprint` leaves out, for the rows of ``--exchange-rows``: `exchange_point` on `probe` at `slack`
+    (`exchange_digest`); under 1 s.  A change to the exchange plan, the rank core's exchange or the pools
+    changes it; `fingerprint` runs neither."""
+    return exchange_digest(exchange_point, probe, slack, TIMING_KEYS)
+
+
 def git(*args: str) -> str | None:
     """``git args`` in this checkout: its output, or None (no git, not a checkout)."""
     try:
@@ -658,11 +686,15 @@ def git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def stamp() -> dict:
-    """What a result writer records (`paper_repro.provenance`): the commit, a dirty tree, the fingerprint."""
+def stamp(exchange_slack: int | None = None) -> dict:
+    """What a result writer records (`paper_repro.provenance`): the commit, a dirty tree, the fingerprint; for
+    exchange rows (`exchange_slack` not None) also ``exchange_slack`` and ``exchange_fingerprint``."""
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--", "odb", "paper_repro", ":(exclude)paper_repro/results")
-    return {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+    out = {"commit": commit, "dirty": None if status is None else bool(status), "fingerprint": fingerprint()}
+    if exchange_slack is not None:
+        out.update(exchange_slack=exchange_slack, exchange_fingerprint=exchange_fingerprint(exchange_slack))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -726,7 +758,7 @@ def _exchange_main(args) -> int:
            and (not args.max_samples or p[1] * p[5] <= args.max_samples) and p[1] * p[5] > args.min_samples]
     if not pts:
         raise SystemExit("no committed in-scope point passes the filters")
-    prov, t0, rows = stamp(), time.monotonic(), []
+    prov, t0, rows = stamp(args.slack), time.monotonic(), []
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as ex:
         for r in tqdm(ex.map(_run_exchange, [(*p, args.slack) for p in pts]), total=len(pts), desc="exchange rows",
                       unit="point"):

@@ -3,6 +3,8 @@ tells a result file made by today's code from one made by code that computes oth
 
 import json
 
+import pytest
+
 
 def test_the_fingerprint_is_the_grids_figures_without_wall_times_and_a_rule_change_moves_it(monkeypatch):
     from odb.batching import policy
@@ -82,3 +84,56 @@ def test_verify_reads_a_quality_grid_result_too(tmp_path, monkeypatch):
     results[0]["methods"]["odb"]["steps"] += 1
     f.write_text(json.dumps({"results": results}, indent=1))
     assert provenance.verify(f, write=False)[0] is False
+
+
+def test_exchange_rows_need_their_own_fingerprint_and_at_commit_tells_same_code_from_other(tmp_path, monkeypatch):
+    """The exchange rows' code (`scale_grid.exchange_point`) is not in `fingerprint`: their files are current only
+    with today's `exchange_fingerprint`.  `at_commit` computes it on a commit's code: a repository of today's
+    tree is vouched for, and a commit whose budget balance re-sorts blocks of at most 2 steps is not."""
+    import shutil
+    import subprocess
+
+    from paper_repro import provenance
+    from paper_repro.scale_grid import POOLED_X, POOLED_XB, SLACK, exchange_fingerprint, stamp
+
+    assert exchange_fingerprint(0) != exchange_fingerprint(SLACK) == exchange_fingerprint(SLACK)
+    assert stamp(SLACK)["exchange_slack"] == SLACK and "exchange_fingerprint" not in stamp()
+    monkeypatch.setattr(provenance, "fingerprint", lambda *a, **k: "F")
+    repo, res = tmp_path / "repo", tmp_path / "res"
+    res.mkdir()
+    root = provenance.RESULTS.parents[1]
+    for d in ("odb", "paper_repro"):
+        shutil.copytree(root / d, repo / d, ignore=shutil.ignore_patterns("results", "__pycache__"))
+
+    def commit(msg):
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "add", "-A"], check=True, capture_output=True)
+        subprocess.run([*git, "commit", "-qm", msg], check=True, capture_output=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    today = commit("today")
+    ex = repo / "odb" / "batching" / "exchange.py"
+    assert ex.read_text().count("MAX_BLOCK = 4") == 1
+    ex.write_text(ex.read_text().replace("MAX_BLOCK = 4", "MAX_BLOCK = 2"))
+    other = commit("blocks of 2")
+
+    def result(name, key, args, **prov):
+        f = res / name
+        f.write_text(json.dumps({"rows": [{"methods": {key: {}}}], "args": args,
+                                 "provenance": {"dirty": False, "fingerprint": "F", **prov}}))
+        return f
+
+    plain = result("plain.json", POOLED_X, "", commit=today)
+    same, differs = (result(n, POOLED_XB, f" --slack {SLACK}", commit=c) for n, c in (("a.json", today),
+                                                                                      ("b.json", other)))
+    dirty = result("c.json", POOLED_XB, f" --slack {SLACK}", commit=today)
+    dirty.write_text(dirty.read_text().replace('"dirty": false', '"dirty": true'))
+    assert [s for _, s, _ in provenance.check(res)] == ["unstamped"] * 4  # the exchange not fingerprinted
+    assert provenance.at_commit(plain, repo=repo) and provenance.at_commit(same, repo=repo)
+    assert not provenance.at_commit(differs, repo=repo)
+    with pytest.raises(ValueError, match="clean commit"):
+        provenance.at_commit(dirty, repo=repo)
+    assert [s for _, s, _ in provenance.check(res)] == ["current", "STALE", "unstamped", "current"]
+    assert json.loads(same.read_text())["provenance"]["exchange_slack"] == SLACK
+    assert json.loads(plain.read_text())["provenance"]["exchange_slack"] == 0
