@@ -1,18 +1,21 @@
 """What the round exchange (``exchange=True``) costs the loader on loopback gloo, beside the loader without it.
 
-N gloo processes on this machine each run ``passes`` pairs of passes of `odb.ODBDataLoader` over the same
+N gloo processes on this machine each run ``passes`` rounds of passes of `odb.ODBDataLoader` over the same
 long-tailed text data (samples of int64 ``input_ids`` and ``labels`` tensors, 16 to 4,096 tokens), dealt
-sharding, padded cost: one pass without the exchange, then one with it, alternating, so that both see the
-same load on the machine.  The consumer only counts batches (a no-op collate): the figures are the loader's
-own.  Per pass and rank: wall time, time in the header collectives, time in the exchange's transfers,
-batches sent and received, bytes moved, and the loader's own straggler estimate (every rank's tokens per
-step over the largest rank's, `odb.core.info.LoaderStats.token_balance`): what the moves bought.  Printed and written as JSON (with the provenance stamp).
+sharding, padded cost: one pass without the exchange, one with it and, with ``--slack``, one with budget
+balance (``exchange_slack``), in turn, so that all see the same load on the machine.  The consumer only
+reads each batch's padded cost (its collate computes nothing else): the figures are the loader's own.  Per
+pass and rank: wall time, time in the header collectives, time in the exchange's transfers, batches sent and
+received, bytes moved, and two straggler figures, what the moves bought: the loader's own estimate (every
+rank's tokens per step over the largest rank's, `odb.core.info.LoaderStats.token_balance`) and the budget
+cost's (sum over steps of the mean rank's padded cost over the largest rank's, fillers 0: the grid's
+``straggler_eff``).  Printed and written as JSON (with the provenance stamp).
 
 Not a test and no target: the exchange's gain is in the step-time model (`paper_repro.scale_grid`); this
 measures its price in the code that runs.  Loopback gloo on 2 cores oversubscribed by N processes: an upper
 bound of the local cost, not a network's.
 
-    python -m paper_repro.bench_exchange [--world 4] [--window 128] [--passes 3] [OUT_JSON]
+    python -m paper_repro.bench_exchange [--world 4] [--window 128] [--passes 3] [--slack BP] [OUT_JSON]
 """
 
 from __future__ import annotations
@@ -47,8 +50,15 @@ class _Text:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _count(samples):
-    return {}
+def _cost(samples):
+    """The batch's padded cost, nothing collated."""
+    return {"cost": len(samples) * max(len(s["input_ids"]) for s in samples)}
+
+
+def _modes(slack: int) -> list[tuple[str, dict]]:
+    """The passes of one round: (name, the loader's exchange settings)."""
+    out = [("plain", {}), ("exchange", {"exchange": True})]
+    return out + [("balanced", {"exchange": True, "exchange_slack": slack / 10_000})] if slack else out
 
 
 def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
@@ -61,16 +71,17 @@ def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     data = _Text(spec["samples"], 0)
-    runs = []
-    for k in range(2 * spec["passes"]):
-        exchange = bool(k % 2)
-        loader = odb.ODBDataLoader(data, spec["budget"], _count, buffer_size=spec["window"], sharding="dealt",
-                                   exchange=exchange, timeout_s=120, seed=k // 2)
+    runs, modes = [], _modes(spec["slack"])
+    for k in range(len(modes) * spec["passes"]):
+        mode, settings = modes[k % len(modes)]
+        loader = odb.ODBDataLoader(data, spec["budget"], _cost, buffer_size=spec["window"], sharding="dealt",
+                                   timeout_s=120, seed=k // len(modes), **settings)
         t0 = time.perf_counter()
-        steps = sum(1 for _ in loader)
+        costs = [0 if odb.pop_step_info(b).filler else b["cost"] for b in loader]
         wall = time.perf_counter() - t0
         st = loader.stats
-        runs.append({"exchange": exchange, "steps": steps, "wall_s": wall, "collective_s": st.collective_s,
+        runs.append({"mode": mode, "steps": len(costs), "costs": costs, "wall_s": wall,
+                     "collective_s": st.collective_s,
                      "exchange_s": st.exchange_s, "sent": st.exchange_sent, "received": st.exchange_received,
                      "bytes": st.exchange_bytes, "rounds": st.rounds, "samples": st.samples,
                      "straggler_tokens": st.token_balance()})
@@ -82,9 +93,10 @@ def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
 
 
 def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_rank: int | None = None,
-            passes: int = 3) -> dict:
-    """Run the side-by-side passes (module docstring) and return every rank's figures and their summary."""
-    spec = {"window": window, "budget": budget, "passes": passes,
+            passes: int = 3, slack: int = 0) -> dict:
+    """Run the side-by-side passes (module docstring; `slack`: budget balance's, basis points, 0: not run) and
+    return every rank's figures and their summary."""
+    spec = {"window": window, "budget": budget, "passes": passes, "slack": slack,
             "samples": world * (samples_per_rank or 8 * window)}
     ctx = mp.get_context("fork")
     env = os.environ.get("OMP_NUM_THREADS")
@@ -114,11 +126,16 @@ def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_r
         else:
             os.environ["OMP_NUM_THREADS"] = env
     summary = {}
-    for ex in (False, True):
-        walls = [max(r[k]["wall_s"] for r in ranks) for k in range(2 * passes) if bool(k % 2) == ex]
-        per = [r[k] for r in ranks for k in range(2 * passes) if bool(k % 2) == ex]
-        steps = [r[k]["steps"] for r in ranks for k in range(2 * passes) if bool(k % 2) == ex]
-        summary["exchange" if ex else "plain"] = {
+    for mode, _ in _modes(slack):
+        ks = [k for k in range(len(ranks[0])) if ranks[0][k]["mode"] == mode]
+        walls = [max(r[k]["wall_s"] for r in ranks) for k in ks]
+        per = [r[k] for r in ranks for k in ks]
+        steps = [r[k]["steps"] for r in ranks for k in ks]
+        if any(len(set(r[k]["steps"] for r in ranks)) != 1 for k in ks):
+            raise RuntimeError(f"bench_exchange: the ranks ran different numbers of steps in a {mode} pass")
+        budget_eff = [sum(sum(c) / world for c in zip(*(r[k]["costs"] for r in ranks)))
+                      / sum(max(c) for c in zip(*(r[k]["costs"] for r in ranks))) for k in ks]
+        summary[mode] = {
             "pass_wall_s_median": statistics.median(walls), "pass_wall_s_each": [round(w, 3) for w in walls],
             "steps_per_pass": sorted(set(steps)), "rounds_per_pass": sorted({p["rounds"] for p in per}),
             "collective_s_mean": statistics.fmean(p["collective_s"] for p in per),
@@ -127,10 +144,15 @@ def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_r
             "batches_per_pass": sum(p["steps"] for p in per) / passes,
             "mb_per_rank_per_pass": statistics.fmean(p["bytes"] for p in per) / 2 / 1e6,
             "samples_per_pass": sum(p["samples"] for p in per) / passes,
-            "straggler_tokens_mean": statistics.fmean(p["straggler_tokens"] for p in per)}
-    e, p = summary["exchange"], summary["plain"]
-    summary["wall_ratio"] = e["pass_wall_s_median"] / p["pass_wall_s_median"]
-    summary["moved_fraction"] = e["batches_moved_per_pass"] / e["batches_per_pass"]
+            "straggler_tokens_mean": statistics.fmean(p["straggler_tokens"] for p in per),
+            "straggler_budget_mean": statistics.fmean(budget_eff)}
+    for mode, _ in _modes(slack)[1:]:  # each exchange mode against the loader without it
+        x = summary[mode]
+        x["wall_ratio"] = x["pass_wall_s_median"] / summary["plain"]["pass_wall_s_median"]
+        x["moved_fraction"] = x["batches_moved_per_pass"] / x["batches_per_pass"]
+    for r in ranks:  # the per-step costs are in the summary's figure; the JSON keeps their count
+        for run in r:
+            run.pop("costs")
     return {"world": world, "window": window, "budget": budget, "samples": spec["samples"], "passes": passes,
             "summary": summary, "ranks": ranks}
 
@@ -140,22 +162,25 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--slack", type=int, default=0, help="basis points: budget balance's passes too (0: none)")
     ap.add_argument("out", nargs="?", default=None)
     a = ap.parse_args(argv)
     from .provenance import stamp
 
-    fig = measure(a.world, a.window, passes=a.passes)
-    fig["provenance"] = stamp()
+    prov = stamp()  # the code that runs, taken before it runs
+    fig = measure(a.world, a.window, passes=a.passes, slack=a.slack)
+    fig["provenance"] = prov
     s = fig["summary"]
-    for name in ("plain", "exchange"):
+    for name, _ in _modes(a.slack):
         x = s[name]
         print(f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps {x['steps_per_pass']}, "
               f"rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, transfers "
               f"{x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
               f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank; token "
-              f"straggler efficiency {x['straggler_tokens_mean']:.3f}")
-    print(f"N={fig['world']} W={fig['window']}: exchange/plain pass time {s['wall_ratio']:.3f}, "
-          f"{100 * s['moved_fraction']:.1f}% of the batches moved")
+              f"straggler efficiency {x['straggler_tokens_mean']:.3f}, budget cost's {x['straggler_budget_mean']:.3f}")
+    for name, _ in _modes(a.slack)[1:]:
+        print(f"N={fig['world']} W={fig['window']}: {name}/plain pass time {s[name]['wall_ratio']:.3f}, "
+              f"{100 * s[name]['moved_fraction']:.1f}% of the batches moved")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(fig, f, indent=1)
