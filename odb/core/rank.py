@@ -45,7 +45,7 @@ from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
 from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
-from .info import LoaderStats, StepInfo, step_info
+from .info import LoaderStats, step_info
 from .pool import lane_of, lane_steps, pool_rows
 from .replica import Replicated
 
