@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.exchange import (KEY_SHIFT, MAX_BLOCK, check_plan, exchange_plan, moved, pack_key,
-                                   unpack_key)
+from odb.batching.exchange import (KEY_SHIFT, MAX_BLOCK, NO_FILL, check_plan, exchange_plan, moved, pack_key,
+                                   plan_origins, runs_on, unpack_key)
 
 
 def _expect(fills, plan) -> None:
@@ -30,6 +31,9 @@ def _expect(fills, plan) -> None:
         assert len(stay) == len(owners)  # rule 3: a rank with a batch in the step keeps one
         for r in stay:  # the first of its own in the order
             assert here[r] == min(chunk & {(r, k) for k in range(steps)}, key=lambda o: (-fill[o], o))
+        # the others, in the order's order, to the free ranks in increasing rank order
+        go = [(r, k) for _, r, k in order[s * n:(s + 1) * n] if here[r] != (r, k)]
+        assert go == [here[q] for q in range(n) if q not in stay and here[q] is not None]
     assert sum(len(m) for m in moved(plan)) == real - sum(
         len({r for _, r, _ in order[a:a + n]}) for a in range(0, real, n))
 
@@ -151,6 +155,28 @@ def test_a_budget_balanced_round_runs_the_largest_block_within_its_slack(case):
     want = orders[max(fits)]
     for s in range(len(fills[0])):  # each step runs the next N of that order (rule 2), whoever runs them
         assert {plan[r][s] for r in range(n)} - {None} == set(want[s * n:(s + 1) * n])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9).flatmap(lambda n: st.integers(1, 9).flatmap(
+    lambda s: st.tuples(st.lists(st.lists(st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 40))),
+                                          min_size=s, max_size=s), min_size=n, max_size=n),
+                        st.sampled_from([0, 100, 2000])))))
+def test_the_array_plan_the_rank_core_runs_is_the_plan(case):
+    """`plan_origins` (the rank core's) on the header's int64 array, `NO_FILL` for a filler, is `exchange_plan`
+    (the conformance checker's), and `runs_on` sends each batch to the rank that runs it."""
+    raw, slack = case
+    fills = [[None if f is None else (pack_key(*f) if slack else f[0]) for f in row] for row in raw]
+    steps = len(fills[0])
+    arr = np.array([[NO_FILL if f is None else f for f in row] for row in fills], dtype=np.int64)
+    origin = plan_origins(arr, slack)
+    assert [[None if o < 0 else divmod(o, steps) for o in row] for row in origin.tolist()] == exchange_plan(
+        fills, slack)
+    runs = runs_on(origin)
+    for q, row in enumerate(origin.tolist()):
+        for o in row:
+            assert o < 0 or runs[o] == q
+    assert ((runs >= 0) == (arr.ravel() >= 0)).all()  # every real batch runs somewhere, a filler slot nowhere
 
 
 # -- the rank core runs the plan (`odb.core.rank`, driven by `odb.core.sim`) ------------------------------------

@@ -54,11 +54,12 @@ from .deal import COST_SCALE
 from .grouping import Group
 from .policy import aligned_fill
 
-__all__ = ["exchange_plan", "check_plan", "moved", "batch_fill", "batch_key", "pack_key", "unpack_key",
-           "rank_fills", "NO_FILL", "KEY_SHIFT", "MAX_BLOCK"]
+__all__ = ["exchange_plan", "plan_origins", "check_plan", "moved", "batch_fill", "batch_key", "pack_key",
+           "unpack_key", "rank_fills", "rank_fill_array", "runs_on", "NO_FILL", "KEY_SHIFT", "MAX_BLOCK"]
 
 NO_FILL = -1  # a header's fill for a filler or an absent slot
-KEY_SHIFT = 1 << 24  # a key's budget fill takes the low 24 bits: fills to 16.7 budgets (x COST_SCALE), then clamped
+_KEY_BITS = 24
+KEY_SHIFT = 1 << _KEY_BITS  # a key's budget fill takes the low bits: fills to 16.7 budgets (x COST_SCALE)
 MAX_BLOCK = 4  # the largest block (in steps) budget balance re-sorts: 2-4 measured, docs/decisions
 _MAX_FILL = 1 << 38  # a key's step-time fill is clamped below this (int64 with the shift): 274,877 budgets
 
@@ -95,12 +96,16 @@ def batch_key(sizes: Sequence, cost, attention: float, slack: int) -> int:
 def rank_fills(pool_fills: np.ndarray, lanes: int, target: int) -> list[list]:
     """The plan's ``fills[rank][step]`` from the pools' gathered fills (``(P, W)``, pool batch order) for a
     round of `target` pool batches: ``ceil(target / lanes)`` steps a rank (module docstring)."""
+    return [[None if v < 0 else v for v in row] for row in rank_fill_array(pool_fills, lanes, target).tolist()]
+
+
+def rank_fill_array(pool_fills: np.ndarray, lanes: int, target: int) -> np.ndarray:
+    """`rank_fills` as the ``(N, steps)`` int64 array that `plan_origins` reads, `NO_FILL` for a filler."""
     P = pool_fills.shape[0]
     steps = -(-int(target) // lanes)
     a = np.full((P, steps * lanes), NO_FILL, dtype=np.int64)
     a[:, :target] = pool_fills[:, :target]
-    a = a.reshape(P, steps, lanes).transpose(0, 2, 1).reshape(P * lanes, steps)
-    return [[None if v < 0 else v for v in row] for row in a.tolist()]
+    return a.reshape(P, steps, lanes).transpose(0, 2, 1).reshape(P * lanes, steps)
 
 Slot = tuple[int, int]
 
@@ -108,55 +113,108 @@ Slot = tuple[int, int]
 def exchange_plan(fills: Sequence[Sequence], slack: int = 0) -> list[list[Slot | None]]:
     """``plan[rank][step]``: the origin slot of the batch that `rank` runs at `step`, or None for a filler
     (module docstring).  `fills[rank][step]`: the fill of the batch formed there (with a `slack`, its
-    `pack_key`), or None for a filler; every rank has the same number of steps.  `slack`: budget balance's
-    share of step time, in basis points (0: none).  Raises ValueError on rows of different lengths, a fill
-    that is not comparable, or a negative slack."""
+    `pack_key`), or None for a filler; every rank has the same number of steps.  Fills are ints (within int64)
+    or floats; with a slack, the ints of `pack_key`.  `slack`: budget balance's share of step time, in basis
+    points (0: none).  Raises ValueError on rows of different lengths, a fill that is not such a number, or a
+    negative slack.  `plan_origins` is the same plan on an array, as the rank core reads it."""
     n = len(fills)
     if n == 0:
         return []
     steps = len(fills[0])
     if any(len(row) != steps for row in fills):
         raise ValueError(f"every rank runs the same number of steps in a round, got {[len(r) for r in fills]}")
+    vals = [f for row in fills for f in row if f is not None]
+    if not all(isinstance(f, (int, float, np.integer, np.floating)) for f in vals):
+        raise ValueError(f"fills must be numbers or None: {sorted({type(f).__name__ for f in vals})}")
+    ints = all(isinstance(f, (int, np.integer)) for f in vals)
+    try:
+        v = np.array(vals, dtype=np.int64 if ints else np.float64)
+    except OverflowError as e:
+        raise ValueError(f"fills must be numbers or None within int64: {e}") from None
+    real = np.array([f is not None for row in fills for f in row], dtype=bool)
+    origin = _origins(np.flatnonzero(real), v, n, steps, slack, ints)
+    return [[None if o < 0 else divmod(o, steps) for o in row] for row in origin.tolist()]
+
+
+def plan_origins(fills: np.ndarray, slack: int = 0) -> np.ndarray:
+    """`exchange_plan` on an ``(N, S)`` int64 array (`rank_fill_array`; a fill < 0 is a filler): ``origin[rank,
+    step]``, the origin slot of the batch run there as ``origin_rank * S + origin_step``, -1 for a filler."""
+    n, steps = fills.shape
+    flat = fills.ravel()
+    real = np.flatnonzero(flat >= 0)
+    return _origins(real, flat[real], n, steps, slack, True)
+
+
+def runs_on(origins: np.ndarray) -> np.ndarray:
+    """`plan_origins`' plan inverted: for each origin slot ``r * S + k``, the rank that runs its batch (-1: a
+    filler slot, which runs nowhere)."""
+    flat = origins.ravel()
+    placed = flat >= 0
+    out = np.full(flat.size, -1, dtype=np.int64)
+    out[flat[placed]] = np.flatnonzero(placed) // origins.shape[1]
+    return out
+
+
+def _origins(real: np.ndarray, v: np.ndarray, n: int, steps: int, slack: int, ints: bool) -> np.ndarray:
+    """The plan (module docstring) as ``origin[rank, step]`` (`plan_origins`): `real`, the origin slots of the
+    real batches as ``rank * steps + step``, increasing; `v`, their fills."""
     if slack < 0:
         raise ValueError(f"the slack is a share of step time, >= 0; got {slack}")
-    try:  # rule 1; ties by origin rank, then step, so the order is total and the same on every rank
-        items = sorted((-f, r, k) for r, row in enumerate(fills) for k, f in enumerate(row) if f is not None)
-    except TypeError as e:
-        raise ValueError(f"fills must be numbers or None: {e}") from None
+    # rule 1: decreasing fill; a stable sort keeps ties in origin (rank, step) order, so the order is total and
+    # the same on every rank.  ~v for ints: decreasing without the overflow of -v
+    by = np.argsort(~v if ints else -v, kind="stable")
+    order = real[by]
     if slack:
-        items = _balanced(items, n, int(slack))
-    plan: list[list[Slot | None]] = [[None] * steps for _ in range(n)]
-    for step, a in enumerate(range(0, len(items), n)):  # rule 2
-        taken, go = [False] * n, []
-        for _, r, k in items[a:a + n]:  # rule 3
-            if taken[r]:
-                go.append((r, k))
-            else:
-                taken[r] = True
-                plan[r][step] = (r, k)
-        for origin, q in zip(go, (q for q in range(n) if not taken[q])):
-            plan[q][step] = origin
+        if not ints or (v < 0).any():
+            raise ValueError("budget balance needs the keys of pack_key (ints >= 0)")
+        order = _balanced(order, v[by], n, int(slack))
+    plan = np.full((n, steps), -1, dtype=np.int64)
+    L = len(order)
+    if L == 0:
+        return plan
+    pos = np.arange(L)
+    step, rank = pos // n, order // steps  # rule 2: the next N of the order run at the next step
+    where = step * n + rank  # rule 3: a rank keeps the first of its own in the step
+    first = np.full(steps * n, L, dtype=np.int64)
+    np.minimum.at(first, where, pos)
+    stay = first[where] == pos
+    plan[rank[stay], step[stay]] = order[stay]
+    taken = np.zeros((steps, n), dtype=bool)
+    taken[step[stay], rank[stay]] = True
+    go = step[~stay]  # the others, in the order's order, to the free ranks of their step in increasing order
+    if len(go):
+        free_step, free_rank = np.nonzero(~taken)  # by step, then rank
+        nth = np.arange(len(go)) - np.searchsorted(go, go)
+        plan[free_rank[np.searchsorted(free_step, go) + nth], go] = order[~stay]
     return plan
 
 
-def _balanced(items: list, n: int, slack: int) -> list:
-    """Budget balance (module docstring): `items` in rule 1's order of keys, as ``(-key, rank, step)``, in the
+def _balanced(order: np.ndarray, keys: np.ndarray, n: int, slack: int) -> np.ndarray:
+    """Budget balance (module docstring): `order`, the origin slots in rule 1's order, and `keys`, theirs, in the
     order of the largest block whose step-time cost is within the slack of rule 1's."""
-    if any(m > 0 for m, _, _ in items):
-        raise ValueError("budget balance needs the keys of pack_key (>= 0)")
-    keyed = [(divmod(-m, KEY_SHIFT), r, k, m) for m, r, k in items]  # ((fill, budget fill), rank, step, -key)
+    L = len(order)
+    if L == 0:
+        return order
+    fill, budget = keys // KEY_SHIFT, keys % KEY_SHIFT
+    starts = np.arange(0, L, n)
+    o_bits = max(1, int(order.max()).bit_length())
+    fill_of = np.zeros(int(order.max()) + 1, dtype=np.int64)  # origin -> its step-time fill
+    fill_of[order] = fill
+    pos = np.arange(L)
 
-    def cost(order: list) -> int:  # the sum over steps of the step's largest step-time fill
-        return sum(max(x[0][0] for x in order[a:a + n]) for a in range(0, len(order), n))
+    def cost(f: np.ndarray) -> int:  # the sum over steps of the step's largest step-time fill
+        return int(np.maximum.reduceat(f, starts).sum())
 
-    limit, best = (10_000 + slack) * cost(keyed), keyed
-    for K in range(2, MAX_BLOCK + 1):
-        b = K * n
-        order = [x for a in range(0, len(keyed), b)
-                 for x in sorted(keyed[a:a + b], key=lambda x: (-x[0][1], x[1], x[2]))]
-        if 10_000 * cost(order) <= limit:
-            best = order
-    return [(m, r, k) for _, r, k, m in best]
+    if (L // (2 * n)).bit_length() + _KEY_BITS + o_bits > 63:  # 2^38 slots a round: no header holds them
+        raise ValueError(f"a round of {L} batches on {n} ranks is too large to plan")
+    limit, best = (10_000 + slack) * cost(fill), order
+    for K in range(2, MAX_BLOCK + 1):  # each block of K N re-sorted by (decreasing budget fill, origin),
+        # as one int64 sort key (block, KEY_SHIFT - 1 - budget fill, origin): unique, so any sort is the same
+        key = ((pos // (K * n)) << _KEY_BITS + o_bits) | ((KEY_SHIFT - 1 - budget) << o_bits) | order
+        cand = np.sort(key) & ((1 << o_bits) - 1)
+        if 10_000 * cost(fill_of[cand]) <= limit:
+            best = cand
+    return best
 
 
 def check_plan(fills: Sequence[Sequence], plan: Sequence[Sequence[Slot | None]]) -> None:

@@ -40,7 +40,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import call_partition, check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
-from ..batching.exchange import NO_FILL, batch_key, exchange_plan, rank_fills
+from ..batching.exchange import NO_FILL, batch_key, plan_origins, rank_fill_array, runs_on
 from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
@@ -486,34 +486,35 @@ class RankCore:
 
     def _plan(self) -> None:
         """The exchange of the previous round's batches (module docstring): this core's sends and the slots it
-        expects, from the gathered fills only (`exchange_plan`).  A pool's replicas hold every batch of their pool,
-        so a batch that moves between two ranks of one pool moves in memory; only batches that leave their pool
-        are sent, each by the lane that formed it."""
+        expects, from the gathered fills only (`exchange_plan`, in its array form `plan_origins`).  A pool's
+        replicas hold every batch of their pool, so a batch that moves between two ranks of one pool moves in
+        memory; only batches that leave their pool are sent, each by the lane that formed it."""
         G, T, held = self.lanes, self._round_target, self._held
         self._planned = T  # the trace's: the target of the round planned (the conformance check recomputes it)
         if len(held) != T:
             raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
         self._held = []
-        plan = exchange_plan(rank_fills(self._rows.fills, G, T), self._slack)
+        plan = plan_origins(rank_fill_array(self._rows.fills, G, T), self._slack)  # origin r * S + k, -1: filler
+        S, dest = plan.shape[1], runs_on(plan)
         pool = self.rank if self.lane is None else self.rank // G
         home = range(pool * G, pool * G + G)  # the pool's ranks
         own = list(home) if self.lane is None else [self.rank]  # the ranks whose batches this core releases
-        dest = {o: q for q, row in enumerate(plan) for o in row if o is not None}
         send, kept = [], {}
         for k, b in enumerate(held):
             if b.filler:
                 continue  # fillers never move
             j, m = lane_of(k, G)
             origin = (pool * G + j, m)
-            q = dest[origin]
+            q = int(dest[origin[0] * S + m])
             if q in home:
                 if q in own:
                     kept[origin] = b
             elif self.lane is None or j == self.lane:  # leaves the pool: the lane that formed it sends it
                 send.append((q, origin, b))
-        expect = tuple((o[0], o) for q in own for o in plan[q] if o is not None and o[0] not in home)
+        rows = {q: [None if o < 0 else divmod(o, S) for o in plan[q].tolist()] for q in own}
+        expect = tuple((o[0], o) for q in own for o in rows[q] if o is not None and o[0] not in home)
         self._send, self._expect = tuple(send), expect
-        self._pending = {"rows": [(q - pool * G, plan[q]) for q in own], "kept": kept,
+        self._pending = {"rows": [(q - pool * G, rows[q]) for q in own], "kept": kept,
                          "expect": {o for _, o in expect}}
         if not expect:
             self.receive({})
