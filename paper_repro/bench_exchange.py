@@ -16,6 +16,15 @@ measures its price in the code that runs.  Loopback gloo on 2 cores oversubscrib
 bound of the local cost, not a network's.
 
     python -m paper_repro.bench_exchange [--world 4] [--window 128] [--passes 3] [--slack BP] [OUT_JSON]
+    python -m paper_repro.bench_exchange --plan [OUT_JSON]
+
+``--plan`` (`plan_cpu`): the CPU time of one round's plan as each rank computes it, beside the loader's
+collective: the calls the rank core makes after the collect (`odb.batching.exchange.rank_fill_array`,
+`plan_origins`, `runs_on`), at N = 64 to 1,024 ranks in pools of 8 and 16 to 293 steps a round (the grid's
+exchange rows run 7 to 34 steps a round at W = 256 and 87 to 293 at W = 2,048 and N = 1,024), without and with
+budget balance.  The fills are random keys of the header's shape, not a run's: the plan sorts them, and a
+run's fills are no more ordered across ranks.  Process CPU time, the best of `reps`: the 2-core machine's
+other load aside.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import tempfile
 import time
 from datetime import timedelta
 
-__all__ = ["measure"]
+__all__ = ["measure", "plan_cpu"]
 
 
 class _Text:
@@ -157,15 +166,51 @@ def measure(world: int = 4, window: int = 128, budget: int = 8192, samples_per_r
             "summary": summary, "ranks": ranks}
 
 
+def plan_cpu(worlds=(64, 256, 1024), steps=(16, 34, 130, 293), slacks=(0, 125), pool: int = 8, reps: int = 5,
+             seed: int = 0) -> list[dict]:
+    """``--plan`` (module docstring): for each N, S and slack, ``cpu_ms`` (best of `reps`) and ``median_ms``."""
+    import numpy as np
+
+    from odb.batching.exchange import KEY_SHIFT, plan_origins, rank_fill_array, runs_on
+
+    rng, out = random.Random(seed), []
+    for world in worlds:
+        for S in steps:
+            for slack in slacks:
+                T, P = S * pool, world // pool
+                fill = [[rng.randrange(500_000, 1_000_000) for _ in range(T)] for _ in range(P)]
+                fills = [[f * KEY_SHIFT + rng.randrange(0, f) for f in row] for row in fill] if slack else fill
+                arr = np.array(fills, dtype=np.int64)
+                ts = []
+                for _ in range(reps):
+                    t0 = time.process_time()
+                    runs_on(plan_origins(rank_fill_array(arr, pool, T), slack))
+                    ts.append(1e3 * (time.process_time() - t0))
+                out.append({"world": world, "steps": S, "slack": slack, "pool": pool, "batches": world * S,
+                            "cpu_ms": min(ts), "median_ms": statistics.median(ts)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--slack", type=int, default=0, help="basis points: budget balance's passes too (0: none)")
+    ap.add_argument("--plan", action="store_true", help="the plan's CPU time a round instead (`plan_cpu`)")
     ap.add_argument("out", nargs="?", default=None)
     a = ap.parse_args(argv)
     from .provenance import stamp
+
+    if a.plan:
+        fig = {"provenance": stamp(), "rows": plan_cpu(), "date": time.strftime("%Y-%m-%d")}
+        for r in fig["rows"]:
+            print(f"N={r['world']:>5} S={r['steps']:>4} slack={r['slack']:>4}: {r['batches']:>7} batches, "
+                  f"{r['cpu_ms']:8.2f} ms CPU (median {r['median_ms']:.2f})")
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(fig, f, indent=1)
+        return fig
 
     prov = stamp()  # the code that runs, taken before it runs
     fig = measure(a.world, a.window, passes=a.passes, slack=a.slack)

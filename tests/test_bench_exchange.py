@@ -16,3 +16,11 @@ def test_the_bench_runs_each_mode_and_scores_the_budget_cost_per_step():
     for mode in ("exchange", "balanced"):
         assert s[mode]["batches_moved_per_pass"] > 0 and 0 < s[mode]["moved_fraction"] < 1
     assert [run["mode"] for run in fig["ranks"][0]] == ["plain", "exchange", "balanced"]
+
+
+def test_the_plan_cpu_bench_times_the_core_s_calls_on_a_round_of_the_headers_shape():
+    from paper_repro.bench_exchange import plan_cpu
+
+    rows = plan_cpu(worlds=(16,), steps=(4,), slacks=(0, 125), reps=2)
+    assert [(r["world"], r["steps"], r["slack"], r["batches"]) for r in rows] == [(16, 4, 0, 64), (16, 4, 125, 64)]
+    assert all(0 <= r["cpu_ms"] <= r["median_ms"] for r in rows)
