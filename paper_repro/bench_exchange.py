@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, _ in _modes(a.slack):
         x = s[name]
         print(f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps "
-              f"{x['steps_per_pass']}, rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, transfers "
-              f"{x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
+              f"{x['steps_per_pass']}, rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, "
+              f"transfers {x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
               f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank; token "
               f"straggler efficiency {x['straggler_tokens_mean']:.3f}, budget cost's {x['straggler_budget_mean']:.3f}")
     for name, _ in _modes(a.slack)[1:]:
