@@ -506,6 +506,8 @@ class RankCore:
             j, m = lane_of(k, G)
             origin = (pool * G + j, m)
             q = int(dest[origin[0] * S + m])
+            if q < 0:  # its fill was posted as a filler's: the plan has no place for it (a broken invariant)
+                raise ProtocolError(f"rank {self.rank}: batch {origin} of the round is not in its plan")
             if q in home:
                 if q in own:
                     kept[origin] = b
