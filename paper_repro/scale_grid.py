@@ -440,7 +440,8 @@ def target_lines(res: dict) -> list[str]:
               lambda v: v >= t["straggler_eff"], True,
               lambda r: f"there: its straggler ceiling (mean / max of the ranks' total cost) "
                         f"{odb(r)['straggler_ceiling']:.3f}, GMT's straggler efficiency "
-                        f"{r['methods']['gmt']['straggler_eff']:.3f}")
+                        f"{r['methods']['gmt']['straggler_eff']:.3f}, its own by the step model (the time "
+                        f"the policy aligns, attention included) {odb(r)['predicted']['straggler_eff']:.3f}")
         tally(f"{name}: steps <= {t['steps_vs_gmt']} x GMT's", pool, lambda r: odb(r)["steps_vs_gmt"],
               lambda v: v <= t["steps_vs_gmt"], False,
               lambda r: f"there: the step lower bound is {r['lower_bound_vs_gmt']:.3f} x GMT's steps")
