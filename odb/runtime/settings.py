@@ -144,9 +144,10 @@ class LoaderSettings:
     """With ``exchange=True``: the share of a round's step time (by the fills) its plan may spend on
     balancing the steps' budget cost too (`odb.batching.exchange`, budget balance), 0 to 0.1, rounded to
     0.0001.  0: the plan aligns step time only, and a step can hold batches alike in time and far apart in
-    budget cost.  Simulated with ``pool_size=8`` at 0.0125 at 75 points of 64 to 1,024 ranks
+    budget cost.  Simulated with ``pool_size=8`` at 0.0125 at 80 points of 64 to 1,024 ranks
     (``docs/decisions/2026-12-05-exchange-budget-balance.md``): budget-cost straggler efficiency 0.969-0.997
-    (0.947-0.997 at 0), predicted throughput 0.994-1.004x that of 0, and about twice the batches moved."""
+    (0.947-0.997 at 0), predicted throughput 0.994-1.004x that of 0 (median 1.000), and up to 2.9 times the
+    batches moved, so the default stays 0."""
     progress: bool = False
     """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
     is not known ahead, the number of samples is); pass ``progress=(rank == 0)`` for one bar."""
