@@ -202,30 +202,24 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     from .provenance import stamp
 
-    if a.plan:
-        fig = {"provenance": stamp(), "rows": plan_cpu(), "date": time.strftime("%Y-%m-%d")}
-        for r in fig["rows"]:
-            print(f"N={r['world']:>5} S={r['steps']:>4} slack={r['slack']:>4}: {r['batches']:>7} batches, "
-                  f"{r['cpu_ms']:8.2f} ms CPU (median {r['median_ms']:.2f})")
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(fig, f, indent=1)
-        return fig
-
     prov = stamp()  # the code that runs, taken before it runs
-    fig = measure(a.world, a.window, passes=a.passes, slack=a.slack)
-    fig["provenance"] = prov
-    s = fig["summary"]
-    for name, _ in _modes(a.slack):
-        x = s[name]
-        print(f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps "
-              f"{x['steps_per_pass']}, rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} s, "
-              f"transfers {x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
-              f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank; token "
-              f"straggler efficiency {x['straggler_tokens_mean']:.3f}, budget cost's {x['straggler_budget_mean']:.3f}")
-    for name, _ in _modes(a.slack)[1:]:
-        print(f"N={fig['world']} W={fig['window']}: {name}/plain pass time {s[name]['wall_ratio']:.3f}, "
-              f"{100 * s[name]['moved_fraction']:.1f}% of the batches moved")
+    if a.plan:
+        fig = {"provenance": prov, "rows": plan_cpu(), "date": time.strftime("%Y-%m-%d")}
+        lines = [f"N={r['world']:>5} S={r['steps']:>4} slack={r['slack']:>4}: {r['batches']:>7} batches, "
+                 f"{r['cpu_ms']:8.2f} ms CPU (median {r['median_ms']:.2f})" for r in fig["rows"]]
+    else:
+        fig = measure(a.world, a.window, passes=a.passes, slack=a.slack)
+        fig["provenance"] = prov
+        s = fig["summary"]
+        lines = [f"{name:>8}: pass {x['pass_wall_s_median']:.2f} s (each {x['pass_wall_s_each']}), steps "
+                 f"{x['steps_per_pass']}, rounds {x['rounds_per_pass']}, collectives {x['collective_s_mean']:.2f} "
+                 f"s, transfers {x['exchange_s_mean']:.2f} s per rank; {x['batches_moved_per_pass']:.0f} of "
+                 f"{x['batches_per_pass']:.0f} batches moved, {x['mb_per_rank_per_pass']:.2f} MB sent per rank; "
+                 f"token straggler efficiency {x['straggler_tokens_mean']:.3f}, budget cost's "
+                 f"{x['straggler_budget_mean']:.3f}" for name, x in ((m, s[m]) for m, _ in _modes(a.slack))]
+        lines += [f"N={fig['world']} W={fig['window']}: {name}/plain pass time {s[name]['wall_ratio']:.3f}, "
+                  f"{100 * s[name]['moved_fraction']:.1f}% of the batches moved" for name, _ in _modes(a.slack)[1:]]
+    print("\n".join(lines))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(fig, f, indent=1)
