@@ -572,7 +572,7 @@ def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") 
           f"{ACCUM} too).", "",
           *_table(res, lambda m: f"{m['predicted_accum']['straggler_eff']:.3f} / {m['accum_throughput_vs_gmt']:.3f}"),
           ""]
-    plot = _plot(res, os.path.join(outdir, f"scale_vs_n{tag}.png"))
+    plot = plot_vs_n(res, os.path.join(outdir, f"scale_vs_n{tag}.png"))
     if plot:
         md += [f"![straggler efficiency and predicted throughput against N]({os.path.basename(plot)})", ""]
     with open(base + ".md", "w") as f:
@@ -580,9 +580,10 @@ def write(res: dict, outdir: str = RESULTS, full: bool = False, name: str = "") 
     return [base + ".json", base + ".md"] + ([plot] if plot else [])
 
 
-def _plot(res: dict, path: str) -> str | None:
-    """Straggler efficiency and predicted throughput / sorted GMT against N, per method, padded cost,
-    one column per distribution (the per-rank epoch of the grid, not the paper-sized points)."""
+def plot_vs_n(res: dict, path: str) -> str | None:
+    """Straggler efficiency and predicted throughput / sorted GMT against N, per method (the exchange rows
+    too, where `res` holds them: `paper_repro.scale_targets` plots the merged grids), padded cost, one column
+    per distribution, at ``res["grid"]``'s samples per rank (not the paper-sized points); None if no point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -596,14 +597,16 @@ def _plot(res: dict, path: str) -> str | None:
     fig, ax = plt.subplots(2, len(dists), figsize=(3.2 * len(dists), 6), squeeze=False, sharex=True)
     for j, d in enumerate(dists):
         rr = sorted((r for r in rows if r["dist"] == d), key=lambda r: r["world"])
-        for m in METHODS + (POOLED, EXCHANGE):
-            lw, ls = (2.5 if m in ODBS else 1.0), ("--" if m == EXCHANGE else "-")
+        for i, m in enumerate(METHODS + (POOLED, EXCHANGE) + EXCHANGES):
+            lw = 2.5 if m in ODBS else 1.0
+            ls = {EXCHANGE: "--", POOLED_X: "-.", POOLED_XB: (0, (5, 1))}.get(m, "-")
+            color = plt.get_cmap("tab20")(2 * i % 20 + 2 * i // 20)  # the 12 methods, no two alike
             xy = [(r["world"], r["methods"][m]) for r in rr if m in r["methods"]]
             if not xy:
                 continue
             xs = [x for x, _ in xy]
-            ax[0][j].plot(xs, [v["straggler_eff"] for _, v in xy], marker="o", lw=lw, ls=ls, label=LABELS[m])
-            ax[1][j].plot(xs, [v["throughput_vs_gmt"] for _, v in xy], marker="o", lw=lw, ls=ls, label=LABELS[m])
+            for row, key in ((0, "straggler_eff"), (1, "throughput_vs_gmt")):
+                ax[row][j].plot(xs, [v[key] for _, v in xy], marker="o", lw=lw, ls=ls, color=color, label=LABELS[m])
         ax[0][j].axhline(res["targets"]["straggler_eff"], color="k", ls=":", lw=0.8)
         ax[1][j].axhline(res["targets"]["throughput_vs_gmt"], color="k", ls=":", lw=0.8)
         ax[0][j].set_title(d, fontsize=9)

@@ -24,7 +24,9 @@ most any cost learned online before preprocessing could know) can at best level 
 ``s / c``.  The share of the lost balance that the totals explain is ``ln(1/c) / ln(1/s)``.  It is an
 estimate: another deal gives other windows, hence another s'.
 
-Writes the report to ``scale_targets_<yyyymm>.md`` beside the results and prints it.
+Writes the report to ``scale_targets_<yyyymm>.md`` beside the results and prints it, with `plots`: every
+method against N, the exchange rows included, at the padded slices of `PLOTS`
+(``scale_targets_vs_n_w<W>.png``).
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from .provenance import RESULTS, check
-from .scale_grid import BEATS, LABELS, ODBS, TARGETS, in_scope, target_lines, without_timings
+from .scale_grid import BEATS, LABELS, ODBS, TARGETS, in_scope, plot_vs_n, target_lines, without_timings
 
 __all__ = ["merge", "tally", "window_lines", "dealing_lines", "main"]
 
@@ -122,6 +125,24 @@ def dealing_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+# (W, samples per rank) of the padded slices `plots` draws: the quick grid's epoch, and the long epochs at W = 2,048
+PLOTS = ((256, 2048), (2048, 16384))
+
+
+def plots(rows: list[dict], outdir: str | Path) -> list[tuple[int, str]]:
+    """`scale_grid.plot_vs_n` on the merged points of each slice of `PLOTS` that holds at least 2 N in the
+    targets' scope: every method, the exchange rows included; ``(W, the path written)`` each."""
+    out = []
+    for w, per in PLOTS:
+        pts = [r for r in rows if r["window"] == w and r["per_rank"] == per and r["cost"] == "padded"]
+        if len({r["world"] for r in in_scope(pts)}) < 2:
+            continue
+        path = plot_vs_n({"grid": {"window": w, "per_rank": per}, "rows": pts, "targets": TARGETS},
+                         os.path.join(outdir, f"scale_targets_vs_n_w{w}.png"))
+        out += [(w, path)] if path else []
+    return out
+
+
 def tally(results_dir: str | Path = RESULTS) -> tuple[list[str], list[dict]]:
     """(the report's lines, the merged points) for the scale grids of `results_dir` (module docstring)."""
     status = {name: (st, commit) for name, st, commit in check(results_dir)}
@@ -157,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="?", default=str(RESULTS))
     a = ap.parse_args(argv)
-    lines, _ = tally(a.results)
+    lines, rows = tally(a.results)
+    lines += [f"![every method against N, W = {w}, padded]({os.path.basename(p)})\n" for w, p in plots(rows, a.results)]
     out = Path(a.results) / f"scale_targets_{time.strftime('%Y%m')}.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))

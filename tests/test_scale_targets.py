@@ -111,10 +111,12 @@ def test_the_tally_leaves_stale_files_out_and_names_every_file(rows, small_scope
         scale_targets.tally(tmp_path)
 
 
-def test_the_committed_grids_agree_where_they_overlap_and_the_readme_quotes_their_tally():
-    from paper_repro.scale_targets import tally
+def test_the_committed_grids_agree_where_they_overlap_and_the_readme_quotes_their_tally(tmp_path):
+    from paper_repro.scale_targets import PLOTS, plots, tally
 
     lines, merged = tally()  # raises if two committed files give one point different figures
+    drawn = plots(merged, tmp_path)  # every method against N, the exchange rows among them
+    assert [w for w, _ in drawn] == [w for w, _ in PLOTS] and all(Path(p).stat().st_size > 10_000 for _, p in drawn)
     n = int(re.search(r"\((\d+) points at N >= 64", lines[0]).group(1))
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert re.search(rf"at all {n} committed points", readme), f"README does not quote the tally's {n} points"
