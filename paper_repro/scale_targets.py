@@ -43,7 +43,7 @@ from pathlib import Path
 from .provenance import RESULTS, check
 from .scale_grid import BEATS, LABELS, ODBS, TARGETS, in_scope, plot_vs_n, target_lines, without_timings
 
-__all__ = ["merge", "tally", "window_lines", "dealing_lines", "main"]
+__all__ = ["merge", "tally", "window_lines", "dealing_lines", "plots", "PLOTS", "main"]
 
 
 def _key(r: dict) -> tuple:
