@@ -19,6 +19,11 @@ or every rank raises).  The reduced counts are the pools' sums: their totals are
 their per-step maxima an upper bound (read by the rank's statistics only).  The replay checks the
 rank's header every round; its counts, its lane's own, are not recorded.
 
+With ``exchange`` (the round exchange, `odb.batching.exchange`) the WAIT row also plans the previous round's
+batches across all N ranks from the gathered fills; the recording keeps the batches moved into the rank's pool
+each round (``POSTS_NPZ.moved.json``), and the replay hands the rank those it expects (``receive``, in
+``collect``), as its transport would.
+
 Per round it reports (ms): ``policy`` (summarize + propose + partition: the alignment decision),
 ``collect`` (the WAIT row on the gathered headers: the replicated checks, the policy's propose and
 partition, the deal), ``decode`` (the N headers as the transport hands them, an int64 array, into
@@ -101,11 +106,22 @@ def record(a: dict, path: str) -> dict:
             keep[name].append(np.asarray(v, dtype=np.int64))
         return a["rounds"] is not None and len(keep["heads"]) >= a["rounds"]
 
+    moved: list[list] = []
+
+    def on_moved(k, by_core):  # the batches moved into the rank's core (its pool's), as plain data
+        moved.append([[list(o), list(b.positions), list(b.indices), list(b.sizes), list(b.counts)]
+                      for o, b in by_core.get(mine, {}).items()])
+
     t0 = time.perf_counter()
+    xchg = a.get("exchange", False)
     simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round,
-             pool_size=G)
+             pool_size=G, exchange=xchg, exchange_slack=a.get("exchange_slack", 0),
+             on_moved=on_moved if xchg else None)
     arrs = {k: np.stack(v) for k, v in keep.items()}
     np.savez(path, **arrs)
+    if xchg:
+        with open(path + ".moved.json", "w") as f:
+            json.dump(moved, f)
     return {"rounds": len(keep["heads"]), "header_ints": int(arrs["heads"].shape[2]),
             "reduced_ints": int(arrs["totals"].shape[1] + arrs["maxes"].shape[1]), "record_s": time.perf_counter() - t0}
 
@@ -137,13 +153,17 @@ def replay(a: dict, path: str) -> list[dict]:
                 yield as_rank_sees(Post(z["mine_h"][k].tolist(), z["mine_c"][k].tolist()),
                                    Gathered(z["heads"][k].copy(), z["totals"][k].tolist(), z["maxes"][k].tolist()), G)
 
-    rounds = Rounds()
+    rounds, received = Rounds(), None
+    if a.get("exchange"):
+        with open(path + ".moved.json") as f:
+            received = [{tuple(o): rest for o, *rest in r} for r in json.load(f)]
     if a.get("gc_freeze"):  # what a training script may do after its setup: the collector skips what exists now
         gc.freeze()
     out = []
     for _ in range(a["passes"]):
         out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
-                           mode="pad", deal=sizes, pool_size=G)
+                           mode="pad", deal=sizes, pool_size=G, exchange=a.get("exchange", False),
+                           exchange_slack=a.get("exchange_slack", 0), received=received)
     return out
 
 
@@ -181,20 +201,23 @@ def _parts(rows: list[dict], rounds: int) -> dict:
 
 def decision_at_scale(dist: str = "sharegpt4o", world: int = 1024, window: int = 1024, budget: int = 16384,
                       kind: str = "padded", per_rank: int | None = None, rounds: int | None = None, passes: int = 16,
-                      rank: int = 0, seed: int = 0, recorded: str | None = None, pool_size: int = 1) -> dict:
+                      rank: int = 0, seed: int = 0, recorded: str | None = None, pool_size: int = 1,
+                      exchange: bool = False, exchange_slack: int = 0) -> dict:
     """Record `rounds` rounds (None: a whole epoch, end game and flush included) of an N-rank simulation with
     `per_rank` samples per rank (None: 8 W, the issue's realistic epoch), replay them on one rank in a fresh process;
     median / p99 / max per part (ms) over rounds x passes, each replayed round's figures (``per_round``,
     pass-major), the same figures replayed after ``gc.freeze()`` (``gc_frozen``; module docstring), and the
     targets' verdicts (GC as it is).  ``recorded``: an .npz path to keep the recording at, or to
     reuse one already there (recording 1024 ranks takes minutes; the replay seconds).  ``pool_size``:
-    pooled windows (module docstring), the window W per rank."""
+    pooled windows (module docstring), the window W per rank.  ``exchange`` (``exchange_slack``, basis
+    points): the round exchange (module docstring), its plan in the WAIT row."""
     per_rank = 8 * window if per_rank is None else per_rank
     a = dict(dist=dist, world=world, window=window, budget=budget, kind=kind, per_rank=per_rank, seed=seed,
-             rounds=rounds, passes=passes, rank=rank, pool_size=pool_size)
+             rounds=rounds, passes=passes, rank=rank, pool_size=pool_size, exchange=exchange,
+             exchange_slack=exchange_slack)
     with tempfile.TemporaryDirectory(prefix="odb_decision_") as tmp:
         path = recorded or os.path.join(tmp, "posts.npz")
-        if recorded and os.path.exists(recorded):
+        if recorded and os.path.exists(recorded) and (not exchange or os.path.exists(recorded + ".moved.json")):
             with np.load(recorded) as z:
                 if z["heads"].shape[1] * pool_size != world:
                     raise ValueError(f"{recorded} holds {z['heads'].shape[1]} headers a round, "
@@ -228,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=16)
     ap.add_argument("--per-rank", type=int, default=None, help="samples per rank in the epoch (default: 8 W)")
     ap.add_argument("--pool-size", type=int, default=1, help="pooled windows of this many ranks (W per rank)")
+    ap.add_argument("--exchange", action="store_true", help="the round exchange (its plan in the WAIT row)")
+    ap.add_argument("--exchange-slack", type=int, default=0, help="the exchange's budget balance, basis points")
     ap.add_argument("--recorded", default=None, help="keep (or reuse) the recording at this .npz path")
     args = ap.parse_args(argv)
     if args.replay:
@@ -235,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(json.dumps(decision_at_scale(world=args.world, window=args.window, rounds=args.rounds,
                                        per_rank=args.per_rank, passes=args.passes, recorded=args.recorded,
-                                       pool_size=args.pool_size), indent=1))
+                                       pool_size=args.pool_size, exchange=args.exchange,
+                                       exchange_slack=args.exchange_slack), indent=1))
     return 0
 
 

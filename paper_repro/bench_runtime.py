@@ -21,6 +21,8 @@ Four figures, each printed and returned by `main(out_dir)`:
    `bench_decision.TARGETS`); a miss prints each replayed round's median (which round it comes from).
    ``decision_pooled``: the same for pooled windows at the default's window memory (`POOLED`:
    ``pool_size=8``, W = 128 per rank, a pool's window of 1,024), checked against the same targets.
+   ``decision_exchange``: the same pools with the round exchange and its budget balance (`POOLED_X`: the
+   configuration that meets the scale grid's targets, `paper_repro.scale_targets`), its plan in the WAIT row.
 
 Not a test: numbers depend on the machine and its load; misses are reported, not asserted.  The machine block
 names the CPU and times one fixed workload at the start and the end (`paper_repro.cpu.reference_ms`), and each
@@ -58,6 +60,9 @@ TARGETS = {"us_per_sample": 50.0, "ms_per_round_4": 5.0, "wait_fraction": 0.02}
 # Pooled windows' decision, measured beside the default's: 8 ranks a pool, each rank's window W = 128, so a
 # pool's window (what every lane packs) is the default's 1,024 and a rank holds as many samples.
 POOLED = {"pool_size": 8, "window": 128}
+# The same pools with the round exchange and budget balance (exchange_slack=0.0125, in basis points here).
+POOLED_X = {**POOLED, "exchange": True, "exchange_slack": 125}
+DECISIONS = ("decision", "decision_pooled", "decision_exchange")
 
 
 def _lengths(n: int, seed: int) -> list[int]:
@@ -289,8 +294,8 @@ def main(out_dir) -> dict:
     figures["training"] = training_wait()
     figures["decision"] = bench_decision.decision_at_scale()
     figures["decision_pooled"] = bench_decision.decision_at_scale(**POOLED)
+    figures["decision_exchange"] = bench_decision.decision_at_scale(**POOLED_X)
     figures["machine"]["reference_ms_at_end"] = reference_ms()
-    dec = figures["decision"]
     c4 = next(r["ms_per_round_median"] for r in figures["collective"]["runs"]
               if r["world_size"] == 4 and r["window"] == 256 and r["runtime"])
     figures["targets"] = {
@@ -301,9 +306,10 @@ def main(out_dir) -> dict:
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
     }
     figures["explain"] = {}  # a decision miss: each replayed round's median (the round a p99 comes from)
-    for d in (dec, figures["decision_pooled"]):
+    for d in (figures[k] for k in DECISIONS):
         g = d["pool_size"]
-        at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}"
+        at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}" + (
+            f" exchange (slack {d['exchange_slack']} bp)" if d.get("exchange") else "")
         for k, v in bench_decision.TARGETS.items():
             part, stat = k.split("_", 1)
             name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
@@ -322,8 +328,9 @@ def main(out_dir) -> dict:
     for m in figures["collective"]["model"]:
         print(f"round collective, MODEL (not measured): N={m['world_size']} W={m['window']}: gather "
               f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, {m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
-    for d in (dec, figures["decision_pooled"]):
-        print(f"decision, one rank of N={d['world']} W={d['window']} pool_size={d['pool_size']} ({d['samples']} "
+    for d in (figures[k] for k in DECISIONS):
+        x = f" exchange slack={d['exchange_slack']}" if d.get("exchange") else ""
+        print(f"decision, one rank of N={d['world']} W={d['window']} pool_size={d['pool_size']}{x} ({d['samples']} "
               "rounds x passes, GC on): "
               + ", ".join(f"{p} median {d[p]['median_ms']:.3f} ms p99 {d[p]['p99_ms']:.3f} max {d[p]['max_ms']:.3f}"
                           f" (past the first two rounds: {d[p].get('later_median_ms', 0):.3f} / "

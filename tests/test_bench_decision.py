@@ -132,3 +132,46 @@ def test_decision_at_scale_pooled_end_to_end_on_a_small_point():
     out = decision_at_scale(world=4, window=8, budget=4096, per_rank=64, rounds=3, passes=2, pool_size=2, rank=3)
     assert out["rounds"] == 3 and out["samples"] == 6 and out["pool_size"] == 2
     assert out["policy"]["median_ms"] > 0
+
+
+@pytest.mark.parametrize("pool, slack", [(1, 0), (2, 125)])
+def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_and_posts_what_it_posted(pool, slack):
+    """With the round exchange the replayed rank plans every round and is handed, by origin slot, the batches
+    the simulation moved into its core (`simulate`'s ``on_moved``).  Unpooled, its posts' counts are checked
+    too, and they hold the received batches' counts: a replay that received other batches would be refused."""
+    world, window = 4, 16
+    sizes = sample_lengths("sharegpt4o", world * 64, 3)
+    cost = make_cost_model("padded", 4096)
+    posts, moved = [], []
+    res = simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=pool, exchange=True,
+                   exchange_slack=slack, on_round=lambda k, p: posts.append(list(p)),
+                   on_moved=lambda k, m: moved.append({c: {o: (b.positions, b.indices, b.sizes, b.counts)
+                                                          for o, b in got.items()} for c, got in m.items()}))
+    assert res.moved > 0 and len(moved) == res.rounds == len(posts)
+    for r in range(world):
+        mine = r // pool
+        rounds = [(p[mine], reduce_posts(p)) for p in posts]
+        if pool > 1:
+            from paper_repro.bench_decision import as_rank_sees
+
+            rounds = [as_rank_sees(p[mine], reduce_posts(p), pool) for p in posts]
+        got = replay_rank(r, rounds, [[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=pool,
+                          exchange=True, exchange_slack=slack, received=[m.get(mine, {}) for m in moved])
+        assert len(got) == len(posts) and sum(row["receive_s"] > 0 for row in got) >= 1
+    taken = next(k for k, m in enumerate(moved) if m.get(0))
+    lacking = [dict(m.get(0, {})) for m in moved]
+    lacking[taken].popitem()
+    with pytest.raises(ProtocolError, match="the recording lacks|post differs"):
+        replay_rank(0, [(p[0], reduce_posts(p)) for p in posts] if pool == 1 else
+                    [as_rank_sees(p[0], reduce_posts(p), pool) for p in posts], [[] for _ in range(world)], cost,
+                    window=window, deal=sizes, pool_size=pool, exchange=True, exchange_slack=slack, received=lacking)
+
+
+@pytest.mark.slow  # subprocesses replay (imports odb; ~10 s)
+def test_decision_at_scale_with_the_exchange_end_to_end_on_a_small_point():
+    from paper_repro.bench_decision import decision_at_scale
+
+    out = decision_at_scale(world=8, window=8, budget=4096, per_rank=64, passes=2, pool_size=2, rank=3,
+                            exchange=True, exchange_slack=125)
+    assert out["exchange"] and out["exchange_slack"] == 125 and out["rounds"] >= 3
+    assert out["collect"]["median_ms"] > 0 and out["decision"]["max_ms"] >= out["collect"]["max_ms"]

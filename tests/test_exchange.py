@@ -81,6 +81,31 @@ def test_every_round_keeps_every_rule(fills):
     _expect(fills, exchange_plan(fills))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10).flatmap(lambda n: st.integers(1, 7).flatmap(
+    lambda s: st.lists(st.lists(st.one_of(st.none(), st.sampled_from([0, 1 << 16, (1 << 32) + 5, (1 << 62) - 1]),
+                                          st.integers(0, (1 << 40) - 1), st.integers(-(1 << 63), (1 << 63) - 1)),
+                                min_size=s, max_size=s), min_size=n, max_size=n))))
+def test_fills_of_any_int64_width_keep_every_rule_and_the_array_plan_agrees(fills):
+    """Rule 1 sorts ints by 16-bit digits (every digit of a 40-bit or 64-bit fill varies here, with ties), or
+    by a comparison sort where the fills span more than 2^62: either way the documented order."""
+    _expect(fills, exchange_plan(fills))
+    if all(f is None or f >= 0 for row in fills for f in row):
+        arr = np.array([[NO_FILL if f is None else f for f in row] for row in fills], dtype=np.int64)
+        assert [[None if o < 0 else divmod(o, len(fills[0])) for o in row]
+                for row in plan_origins(arr).tolist()] == exchange_plan(fills)
+
+
+def test_fills_as_far_apart_as_int64_allows_keep_their_order():
+    """Rule 1's distance below the largest fill needs 64 bits here: (2^63 - 1) - (-2^63 + 1) = 2^64 - 2.  In
+    int64 it would wrap, and its low digits alone would run -2^63 + 1 before -2^63 + 2^16."""
+    top, low = (1 << 63) - 1, -(1 << 63)
+    fills = [[low + 1, top], [low + (1 << 16), low], [None, low + (1 << 40)]]
+    _expect(fills, exchange_plan(fills))
+    # in order: top, low + 2^40, low + 2^16 (step 0, each on its own rank); low + 1, low (step 1)
+    assert exchange_plan(fills) == [[(0, 1), (0, 0)], [(1, 0), (1, 1)], [(2, 1), None]]
+
+
 def test_a_plan_that_loses_repeats_or_invents_a_batch_is_refused():
     fills = [[2, 1], [3, None]]
     plan = exchange_plan(fills)
@@ -134,7 +159,9 @@ def test_keys_pack_and_unpack_and_refuse_what_they_cannot_hold():
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 9).flatmap(lambda n: st.integers(1, 9).flatmap(
-    lambda s: st.tuples(st.lists(st.lists(st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 40))),
+    lambda s: st.tuples(st.lists(st.lists(st.one_of(st.none(), st.tuples(st.integers(0, 40), st.integers(0, 40)),
+                                                    st.tuples(st.integers(0, (1 << 38) - 1),  # every digit
+                                                              st.integers(0, KEY_SHIFT - 1))),
                                           min_size=s, max_size=s), min_size=n, max_size=n),
                         st.sampled_from([0, 1, 100, 500, 2000, 10000])))))
 def test_a_budget_balanced_round_runs_the_largest_block_within_its_slack(case):

@@ -97,6 +97,26 @@ def test_pool_rows_refuse_lanes_that_posted_other_headers(field, value):
         pool_rows(rows[:3], 2, 0)
 
 
+def test_with_the_exchange_pool_rows_compare_the_fills_the_plan_reads_and_no_others():
+    """A pooled header carries the pool window's fills (the round exchange); the plan reads the first T, the
+    held round's target.  A lane whose fill differs there diverged; past T no decision reads a fill."""
+    lay = HeaderLayout(2, 8, 1, lanes=2, exchange=True)
+    fills = (5, 4, 3, -1, -1, -1, -1, -1)
+
+    def h(f=fills):
+        return lay.flat(_h(fills=f))
+
+    other_read, other_unread = (5, 4, 2, *fills[3:]), (*fills[:3], 7, *fills[4:])
+    rows = lay.decode_all([h(), h(), h(), h(other_read)])
+    with pytest.raises(ProtocolError, match=r"diverged in round 4: rank 3 posted other \['fills'\]"):
+        pool_rows(rows, 2, 4, 3)
+    rows = lay.decode_all([h(), h(), h(), h(other_unread)])
+    with pytest.raises(ProtocolError, match=r"rank 3 posted other \['fills'\]"):
+        pool_rows(rows, 2, 4)  # every field compared (no count of fills read)
+    assert list(pool_rows(rows, 2, 4, 3)) == [_h(fills=fills)] * 2  # lane 0's header: the unread slot never counts
+    assert pool_rows(rows, 2, 4, 3).fills.tolist() == [list(fills)] * 2
+
+
 def test_pool_rows_name_the_diverged_rank_behind_a_stopping_pool():
     # pool 0 stops (its lanes may differ), pool 1 agrees, pool 2's lane 1 diverged: rank 5 is named, not rank 3
     rows = _gathered([_h(st=1), _h(n=9), _h(), _h(), _h(), _h(cost=10)])

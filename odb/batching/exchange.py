@@ -160,59 +160,81 @@ def _origins(real: np.ndarray, v: np.ndarray, n: int, steps: int, slack: int, in
     real batches as ``rank * steps + step``, increasing; `v`, their fills."""
     if slack < 0:
         raise ValueError(f"the slack is a share of step time, >= 0; got {slack}")
-    # rule 1: decreasing fill; a stable sort keeps ties in origin (rank, step) order, so the order is total and
-    # the same on every rank.  ~v for ints: decreasing without the overflow of -v
-    by = np.argsort(~v if ints else -v, kind="stable")
-    order = real[by]
+    # rule 1: decreasing fill; a stable sort keeps ties in origin (rank, step) order (`real` is increasing), so
+    # the order is total and the same on every rank
+    by = _decreasing(v, ints)
     if slack:
         if not ints or (v < 0).any():
             raise ValueError("budget balance needs the keys of pack_key (ints >= 0)")
-        order = _balanced(order, v[by], n, int(slack))
-    plan = np.full((n, steps), -1, dtype=np.int64)
+        by = _balanced(by, v, n, int(slack))
+    order = real[by]
+    plan = np.full(n * steps, -1, dtype=np.int64)  # flat: rank * steps + step
     L = len(order)
     if L == 0:
-        return plan
+        return plan.reshape(n, steps)
     pos = np.arange(L)
     step, rank = pos // n, order // steps  # rule 2: the next N of the order run at the next step
     where = step * n + rank  # rule 3: a rank keeps the first of its own in the step
     first = np.full(steps * n, L, dtype=np.int64)
     np.minimum.at(first, where, pos)
     stay = first[where] == pos
-    plan[rank[stay], step[stay]] = order[stay]
-    taken = np.zeros((steps, n), dtype=bool)
-    taken[step[stay], rank[stay]] = True
-    go = step[~stay]  # the others, in the order's order, to the free ranks of their step in increasing order
-    if len(go):
-        free_step, free_rank = np.nonzero(~taken)  # by step, then rank
+    kept = np.flatnonzero(stay)
+    plan[rank[kept] * steps + step[kept]] = order[kept]
+    taken = np.zeros(steps * n, dtype=bool)  # step * n + rank
+    taken[where[kept]] = True
+    moving = np.flatnonzero(~stay)
+    if len(moving):  # the others, in the order's order, to the free ranks of their step in increasing order
+        go = step[moving]
+        free = np.flatnonzero(~taken)  # by step, then rank
         nth = np.arange(len(go)) - np.searchsorted(go, go)
-        plan[free_rank[np.searchsorted(free_step, go) + nth], go] = order[~stay]
-    return plan
+        slot = free[np.searchsorted(free // n, go) + nth]
+        plan[(slot % n) * steps + go] = order[moving]
+    return plan.reshape(n, steps)
 
 
-def _balanced(order: np.ndarray, keys: np.ndarray, n: int, slack: int) -> np.ndarray:
-    """Budget balance (module docstring): `order`, the origin slots in rule 1's order, and `keys`, theirs, in the
-    order of the largest block whose step-time cost is within the slack of rule 1's."""
-    L = len(order)
+def _stable_order(key: np.ndarray) -> np.ndarray:
+    """The stable ascending permutation of `key` (int64 >= 0, or uint64): a least-significant-digit radix sort, a stable
+    sort of 16-bit digits a pass (numpy sorts those in linear time); a few passes beat one comparison sort of
+    int64 from a few thousand batches up (docs/decisions/2026-12-05-exchange-decision-time.md)."""
+    bits = int(key.max()).bit_length() if len(key) else 0
+    idx = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    for shift in range(16, bits, 16):
+        idx = idx[np.argsort(((key[idx] >> shift) & 0xFFFF).astype(np.uint16), kind="stable")]
+    return idx
+
+
+def _decreasing(v: np.ndarray, ints: bool) -> np.ndarray:
+    """The stable permutation of `v` by decreasing value (rule 1): int64 fills by `_stable_order` on their
+    distance below the largest, in uint64 (any two int64 are less than 2^64 apart); floats by numpy's stable sort."""
+    if not ints:
+        return np.argsort(-v, kind="stable")
+    if len(v) == 0:
+        return np.arange(0)
+    return _stable_order(v.max().astype(np.uint64) - v.astype(np.uint64))
+
+
+def _balanced(by: np.ndarray, keys: np.ndarray, n: int, slack: int) -> np.ndarray:
+    """Budget balance (module docstring): `keys` in origin order and `by`, rule 1's permutation of them, to the
+    permutation of the largest block whose step-time cost is within the slack of rule 1's."""
+    L = len(by)
     if L == 0:
-        return order
-    fill, budget = keys // KEY_SHIFT, keys % KEY_SHIFT
+        return by
+    fill = keys >> _KEY_BITS
     starts = np.arange(0, L, n)
-    o_bits = max(1, int(order.max()).bit_length())
-    fill_of = np.zeros(int(order.max()) + 1, dtype=np.int64)  # origin -> its step-time fill
-    fill_of[order] = fill
-    pos = np.arange(L)
+    # every block's re-sort in one: by (decreasing budget fill, origin) over the whole round, then for each K,
+    # stably by block (the block of a batch: its place in rule 1's order, div K N)
+    by_budget = _stable_order((KEY_SHIFT - 1) - (keys & (KEY_SHIFT - 1)))
+    rank1 = np.empty(L, dtype=np.int64)
+    rank1[by] = np.arange(L)
+    place = rank1[by_budget]
 
-    def cost(f: np.ndarray) -> int:  # the sum over steps of the step's largest step-time fill
-        return int(np.maximum.reduceat(f, starts).sum())
+    def cost(p: np.ndarray) -> int:  # the sum over steps of the step's largest step-time fill
+        return int(np.maximum.reduceat(fill[p], starts).sum())
 
-    if (L // (2 * n)).bit_length() + _KEY_BITS + o_bits > 63:  # 2^38 slots a round: no header holds them
-        raise ValueError(f"a round of {L} batches on {n} ranks is too large to plan")
-    limit, best = (10_000 + slack) * cost(fill), order
-    for K in range(2, MAX_BLOCK + 1):  # each block of K N re-sorted by (decreasing budget fill, origin),
-        # as one int64 sort key (block, KEY_SHIFT - 1 - budget fill, origin): unique, so any sort is the same
-        key = ((pos // (K * n)) << _KEY_BITS + o_bits) | ((KEY_SHIFT - 1 - budget) << o_bits) | order
-        cand = np.sort(key) & ((1 << o_bits) - 1)
-        if 10_000 * cost(fill_of[cand]) <= limit:
+    limit, best = (10_000 + slack) * cost(by), by
+    for K in range(2, MAX_BLOCK + 1):
+        cand = by_budget[_stable_order(place // (K * n))]
+        if 10_000 * cost(cand) <= limit:
             best = cand
     return best
 

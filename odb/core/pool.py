@@ -75,10 +75,13 @@ def pool_aheads(aheads: Sequence[int], lanes: int) -> tuple[int, ...]:
     return tuple(max(aheads[p * lanes:(p + 1) * lanes]) for p in range(len(aheads) // lanes))
 
 
-def pool_rows(rows: Headers, lanes: int, round_index: int) -> Headers:
+def pool_rows(rows: Headers, lanes: int, round_index: int, fills_read: int | None = None) -> Headers:
     """The P pool rows of N gathered headers (module docstring): lane 0's header with the largest stop
     status of its lanes.  ProtocolError, on every rank alike, if a pool's lanes posted different headers
-    while none of them stops."""
+    while none of them stops.  ``fills_read`` (the round exchange): how many of the header's fill slots the
+    plan reads (the held round's target; the rest hold `NO_FILL`); only those are compared, with every other
+    field: a pool window's G W fills are most of the header (1,024 of 1,087 ints at W = 128, G = 8), and
+    comparing them all read 9 MB a round at 1,024 ranks (docs/decisions/2026-12-05-exchange-decision-time.md)."""
     if lanes == 1:
         return rows
     if len(rows) % lanes:
@@ -87,7 +90,8 @@ def pool_rows(rows: Headers, lanes: int, round_index: int) -> Headers:
     st = a[:, :, rows.layout.index["st"]].max(axis=1)
     live = st == 0
     if live.any():  # a pool none of whose lanes stops: every lane must have posted lane 0's header
-        b = a if live.all() else a[live]  # (every pool runs but at the end: no copy)
+        read = a if fills_read is None else a[:, :, :rows.layout.length - rows.layout.window + fills_read]
+        b = read if live.all() else read[live]  # (every pool runs but at the end: no copy)
         if (b[:, 1:] != b[:, :1]).any():  # one pass; the pool and lane at fault are found only then
             p, j = np.nonzero((b != b[:, :1]).any(axis=2))
             p, j = int(np.flatnonzero(live)[p[0]]), int(j[0])

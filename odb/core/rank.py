@@ -242,7 +242,8 @@ class RankCore:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
         self._rows = self.layout.decode_all(gathered.rows)
         if self.lane is not None:  # the N ranks' headers -> the P pools' (the rows themselves without pooling)
-            self._rows = pool_rows(self._rows, self.lanes, self.replica.round)
+            self._rows = pool_rows(self._rows, self.lanes, self.replica.round,
+                                   self._round_target if self.exchange else None)
         self.layout.check_reduced(gathered)
         self._totals, self._tokens_max = gathered.totals, gathered.tokens_max
         self._decision = self.replica.decide(self._rows)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..batching.base import AlignmentPolicy, CostModel, call_partition
 from ..batching.deal import DealtOrder, Keys, first_lead, intake_ladder
@@ -31,7 +31,7 @@ from ..protocol.table import MODES
 from .header import Gathered, HeaderLayout, Post, reduce_posts
 from .pool import check_pool, pool_aheads
 from .info import LOSS_BASES, LoaderStats
-from .rank import RankCore
+from .rank import Batch, RankCore
 from .replica import Replicated
 from .shared import Shared, describe_cost, describe_policy
 
@@ -199,7 +199,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
              deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
              loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
              share_deals: bool = True, pool_size: int = 1, replicas: bool = False,
-             exchange: bool = False, exchange_slack: int = 0, infos: bool = False) -> SimResult:
+             exchange: bool = False, exchange_slack: int = 0, infos: bool = False,
+             on_moved: Callable[[int, dict], Any] | None = None) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
@@ -219,6 +220,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     ``exchange``: the round exchange (`odb.core.rank`, `odb.batching.exchange`; PAD or QUOTA, dealt): each
     round's batches are re-dealt across the ranks by fill, the moved ones handed from core to core here;
     ``exchange_slack``: its budget balance, in basis points (the loader's ``exchange_slack`` x 10,000).
+    ``on_moved(k, moved)``, if given, sees round k's exchanged batches after its collect: ``{core index:
+    {origin slot: Batch}}``, what each core receives (`replay_rank`'s ``received``).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
     and RuntimeError past `max_rounds` (a hang guard).
     """
@@ -263,6 +266,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
             for q, origin, b in o.send:  # the exchange: to the core that runs rank q
                 moved.setdefault(q // pool_size if one else q, {})[origin] = b
             res.moved += len(o.send)
+        if on_moved is not None:
+            on_moved(res.rounds - 1, moved)
         for r, c in enumerate(cores):
             if c.receiving:
                 c.receive(moved.pop(r, {}))
@@ -280,7 +285,8 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
 def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequence[Sequence], cost: CostModel, *,
                 window: int, mode: str = "pad", policy: Callable[[], AlignmentPolicy] | None = None,
                 deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-                loss_basis: str = "label_tokens", pool_size: int = 1) -> list[dict]:
+                loss_basis: str = "label_tokens", pool_size: int = 1, exchange: bool = False,
+                exchange_slack: int = 0, received: Sequence[Mapping] | None = None) -> list[dict]:
     """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
     this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
     vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
@@ -291,13 +297,17 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     (`Replicated.decide`, inside the WAIT row: what reads the N headers).  Raises ProtocolError if
     this rank posts other than the recorded post (the replay is not the recorded run); a recorded post
     with counts None has its header checked only.  ``pool_size`` G > 1: the rank is lane ``rank mod G``
-    of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it."""
+    of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it.  ``exchange`` (and
+    ``exchange_slack``): the round exchange, as `simulate` ran it; ``received[k]``, by origin slot, the batches
+    moved into this rank's core (or its pool's) after round k's collect, as ``(positions, indices, sizes,
+    counts)`` (`simulate`'s ``on_moved``): this rank is handed the ones it expects (``receive_s``, in
+    ``collect_s``); ProtocolError if one is not there."""
     check_pool(len(shards), pool_size, mode, "fixed" if deal is None else "dealt")
     if policy is None:
         policy = functools.partial(default_policy, pool_size)
     # one replica alone, as the runtime's (no deal shared with other replicas: `DealtOrder`'s shared_deals None)
     setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, share_deals=False,
-                       lanes=pool_size)
+                       lanes=pool_size, exchange=exchange, slack=exchange_slack)
     core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size, replica=_TimedReplicated)
     rep = core.replica
     ok = lambda: 0  # noqa: E731
@@ -315,12 +325,22 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
         rows = setting.layout.decode_all(g.rows)
         t2 = time.perf_counter()
         o = core.collect(g._replace(rows=rows))
-        t3 = time.perf_counter()
         err = o.local_error or o.replicated_error or o.abort_error
         if err is not None:
             raise err
-        out.append({"decode_s": t2 - t1, "collect_s": t3 - t2, "policy_s": pol.seconds - before, "local_s": t1 - t0,
-                    "replicated_s": rep.seconds - before_rep})
+        t3 = t4 = t5 = time.perf_counter()
+        if core.receiving:  # the exchange: what the transport hands over, as recorded (a new Batch each pass,
+            # built outside the timed parts)
+            got = received[k] if received is not None else {}
+            missing = [s for _, s in o.expect if s not in got]
+            if missing:
+                raise ProtocolError(f"replay of rank {rank}: round {k} expects slots {missing} the recording lacks")
+            batches = {s: Batch([None] * len(got[s][0]), *map(tuple, got[s])) for _, s in o.expect}
+            t4 = time.perf_counter()
+            core.receive(batches)
+            t5 = time.perf_counter()
+        out.append({"decode_s": t2 - t1, "collect_s": t3 - t2 + t5 - t4, "policy_s": pol.seconds - before,
+                    "local_s": t1 - t0, "replicated_s": rep.seconds - before_rep, "receive_s": t5 - t4})
     return out
 
 
