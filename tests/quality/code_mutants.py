@@ -523,7 +523,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
     CodeMutant("pool_lane_one_unchecked", "odb/core/pool.py", "if (b[:, 1:] != b[:, :1]).any():", "if (b[:, 2:] != b[:, :1]).any():",
                (P + "test_pool_rows_refuse_lanes_that_posted_other_headers",),
                "a pool's second rank is never compared with its first (a pool of 2 never diverges)"),
-    CodeMutant("pool_stopping_pools_compared", "odb/core/pool.py", "b = a if live.all() else a[live]", "b = a",
+    CodeMutant("pool_stopping_pools_compared", "odb/core/pool.py", "b = read if live.all() else read[live]", "b = read",
                (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",
                 P + "test_pool_rows_name_the_diverged_rank_behind_a_stopping_pool"),
                "a stopping pool's lanes are compared too: its stop is reported as a divergence"),
