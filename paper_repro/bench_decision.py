@@ -104,7 +104,8 @@ def record(a: dict, path: str) -> dict:
         for name, v in (("heads", g.rows), ("totals", g.totals), ("maxes", g.tokens_max),
                         ("mine_h", posts[mine].header), ("mine_c", posts[mine].counts)):
             keep[name].append(np.asarray(v, dtype=np.int64))
-        return a["rounds"] is not None and len(keep["heads"]) >= a["rounds"]
+        # with the exchange a round's moves come after its collect: record one round more, kept below if moved
+        return a["rounds"] is not None and len(keep["heads"]) >= a["rounds"] + int(bool(a.get("exchange")))
 
     moved: list[list] = []
 
@@ -117,6 +118,8 @@ def record(a: dict, path: str) -> dict:
     simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round,
              pool_size=G, exchange=xchg, exchange_slack=a.get("exchange_slack", 0),
              on_moved=on_moved if xchg else None)
+    if xchg:  # the rounds whose collect ran (a round cut short by `rounds` moved nothing)
+        keep = {k: v[:len(moved)] for k, v in keep.items()}
     arrs = {k: np.stack(v) for k, v in keep.items()}
     np.savez(path, **arrs)
     if xchg:

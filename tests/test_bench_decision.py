@@ -175,3 +175,6 @@ def test_decision_at_scale_with_the_exchange_end_to_end_on_a_small_point():
                             exchange=True, exchange_slack=125)
     assert out["exchange"] and out["exchange_slack"] == 125 and out["rounds"] >= 3
     assert out["collect"]["median_ms"] > 0 and out["decision"]["max_ms"] >= out["collect"]["max_ms"]
+    cut = decision_at_scale(world=8, window=8, budget=4096, per_rank=64, rounds=3, passes=2, pool_size=2, rank=3,
+                            exchange=True)  # the third round's moves are recorded although the recording stops
+    assert cut["rounds"] == 3 and cut["samples"] == 6
