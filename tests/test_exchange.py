@@ -87,8 +87,8 @@ def test_every_round_keeps_every_rule(fills):
                                           st.integers(0, (1 << 40) - 1), st.integers(-(1 << 63), (1 << 63) - 1)),
                                 min_size=s, max_size=s), min_size=n, max_size=n))))
 def test_fills_of_any_int64_width_keep_every_rule_and_the_array_plan_agrees(fills):
-    """Rule 1 sorts ints by 16-bit digits (every digit of a 40-bit or 64-bit fill varies here, with ties), or
-    by a comparison sort where the fills span more than 2^62: either way the documented order."""
+    """Rule 1 sorts ints by the 16-bit digits of their distance below the largest, in uint64: every digit of a
+    40-bit or a 64-bit distance varies here, with ties and the int64 extremes, and the order is the documented one."""
     _expect(fills, exchange_plan(fills))
     if all(f is None or f >= 0 for row in fills for f in row):
         arr = np.array([[NO_FILL if f is None else f for f in row] for row in fills], dtype=np.int64)
