@@ -161,7 +161,7 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
     taken = next(k for k, m in enumerate(moved) if m.get(0))
     lacking = [dict(m.get(0, {})) for m in moved]
     lacking[taken].popitem()
-    with pytest.raises(ProtocolError, match="the recording lacks|post differs"):
+    with pytest.raises(ProtocolError, match="the recording lacks"):
         replay_rank(0, [(p[0], reduce_posts(p)) for p in posts] if pool == 1 else
                     [as_rank_sees(p[0], reduce_posts(p), pool) for p in posts], [[] for _ in range(world)], cost,
                     window=window, deal=sizes, pool_size=pool, exchange=True, exchange_slack=slack, received=lacking)

@@ -90,7 +90,7 @@ def pool_rows(rows: Headers, lanes: int, round_index: int, fills_read: int | Non
     st = a[:, :, rows.layout.index["st"]].max(axis=1)
     live = st == 0
     if live.any():  # a pool none of whose lanes stops: every lane must have posted lane 0's header
-        read = a if fills_read is None else a[:, :, :rows.layout.length - rows.layout.window + fills_read]
+        read = a if fills_read is None else a[:, :, :rows.layout._fills + fills_read]
         b = read if live.all() else read[live]  # (every pool runs but at the end: no copy)
         if (b[:, 1:] != b[:, :1]).any():  # one pass; the pool and lane at fault are found only then
             p, j = np.nonzero((b != b[:, :1]).any(axis=2))
