@@ -88,6 +88,92 @@ def test_evaluate_equals_z3_model_eval(kind, data, env):
         assert got.as_long() == want, e
 
 
+# -- (a'') the generated evaluator == a tree walk, value and reads --------------------------------------
+def _walk(e, env, reads):
+    """The tree's semantics by hand (a test oracle, not the runtime's): lazy and/or/ite, left to right; each
+    input read appended to `reads` the first time."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Let):
+        return _walk(LETS[e.name], env, reads)
+    if isinstance(e, Input) and e.name not in reads:
+        reads.append(e.name)
+    if not isinstance(e, Op):
+        return env[e.name]
+    a = [lambda x=x: _walk(x, env, reads) for x in e.args]
+    return {"+": lambda: a[0]() + a[1](), "-": lambda: a[0]() - a[1](), "min": lambda: min(a[0](), a[1]()),
+            "max": lambda: max(a[0](), a[1]()), "==": lambda: a[0]() == a[1](), "!=": lambda: a[0]() != a[1](),
+            "<=": lambda: a[0]() <= a[1](), "<": lambda: a[0]() < a[1](), ">=": lambda: a[0]() >= a[1](),
+            ">": lambda: a[0]() > a[1](), "and": lambda: bool(a[0]() and a[1]()),
+            "or": lambda: bool(a[0]() or a[1]()), "not": lambda: not a[0](),
+            "ite": lambda: a[1]() if a[0]() else a[2]()}[e.op]()
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), env=ENVS)
+def test_the_generated_evaluator_reads_and_computes_as_the_tree(data, env):
+    """`evaluate` and `compiled_tuple` (lets expanded) against the tree walk: the same values, and the same
+    inputs read in the same order through the interpreter's lazy inputs (an input no evaluation reaches is
+    never requested: a source answer or a collective result the row does not need)."""
+    from odb.protocol.expr import compiled_tuple
+    from odb.protocol.machine import _Recording
+
+    exprs = tuple(data.draw(_exprs(k, 3)) for k in ("int", "bool", "int"))
+    want_reads: list = []
+    want = [_walk(e, env, want_reads) for e in exprs]
+    for lets in (None, LETS):
+        asked: list = []
+        rec = _Recording(lambda k: asked.append(k) or env[k])
+        scope = Scope(fields={"a": env["a"], "b": env["b"], "x": env["x"]}, inputs=rec, cfg={"W": env["W"]},
+                      params={"p": env["p"]}, lets=LETS)
+        got = compiled_tuple(exprs, lets)(scope)
+        assert list(got) == want and [type(v) for v in got] == [type(v) for v in want], exprs
+        assert asked == want_reads and list(rec) == want_reads, (exprs, asked, want_reads)
+        assert [evaluate(e, scope) for e in exprs] == want
+
+
+def test_a_deep_expression_evaluates_past_the_parsers_nesting_limit():
+    """An expression nested far deeper than Python's parser allows in one text (200 brackets) is split into
+    functions, with its value and its laziness kept."""
+    from odb.protocol.expr import and_, compiled_tuple
+
+    e = Const(0)
+    for i in range(1, 301):
+        e = Op("+", (e, Const(i))) if i % 2 else Op("ite", (Op("<", (Field("a"), Const(i))), e, Input("never")))
+    scope = Scope(fields={"a": 0}, inputs={}, lets={})
+    assert evaluate(e, scope) == sum(range(1, 301, 2)) and compiled_tuple((e, e))(scope) == (22500, 22500)
+    chain = and_(*[Op("<=", (Field("a"), Const(i))) for i in range(300)], Input("c"))
+    assert evaluate(chain, Scope(fields={"a": 0}, inputs={"c": True})) is True
+    assert evaluate(chain, Scope(fields={"a": 1}, inputs={})) is False  # stops before the unbound input
+
+
+@pytest.mark.parametrize("leaf", [Field("f"), Input("i"), Hdr("h"), Cfg("c"), Param("p")])
+@pytest.mark.parametrize("bound", [None, {}, {"other": 1}])
+def test_every_leaf_kind_unbound_raises_naming_it(leaf, bound):
+    from odb.protocol.expr import compiled_tuple
+    from odb.protocol.machine import _Recording
+
+    attr = {Field: "fields", Input: "inputs", Hdr: "hdr", Cfg: "cfg", Param: "params"}[type(leaf)]
+    scopes = [Scope(**{attr: bound})]
+    if attr == "inputs" and bound is not None:
+        scopes.append(Scope(inputs=_Recording(bound)))  # the interpreter's lazy inputs over a mapping
+    for scope in scopes:
+        for fn in (lambda: evaluate(Op("+", (leaf, Const(1))), scope), lambda: compiled_tuple((leaf,), {})(scope)):
+            with pytest.raises(KeyError, match=rf"{type(leaf).__name__}\('{leaf.name}'\) is not bound"):
+                fn()
+    ok = Scope(**{attr: {leaf.name: 41}})
+    assert evaluate(Op("+", (leaf, Const(1))), ok) == 42
+
+
+def test_a_let_missing_from_the_scope_raises_when_reached_only():
+    from odb.protocol.expr import compiled_tuple
+
+    e = Op("ite", (Field("x"), Let("nowhere"), Const(3)))
+    assert compiled_tuple((e,), {})(Scope(fields={"x": False})) == (3,)
+    with pytest.raises(KeyError, match=r"Let\('nowhere'\) is not defined"):
+        compiled_tuple((e,), {})(Scope(fields={"x": True}, lets={}))
+
+
 # -- (a') the aggregates over header columns (numpy, every rank at once) == the interpreter per header ----
 HDR_INT = [Hdr("st"), Hdr("n"), Hdr("m"), Cfg("W")]
 

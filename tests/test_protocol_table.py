@@ -46,6 +46,36 @@ def test_data_source_is_asked_only_when_a_guard_needs_it():
     assert s.payload == {"n": 2, "st": 0, "shape": 1}
 
 
+def test_each_table_runs_its_own_rows_in_one_process():
+    """The interpreter compiles a table's guards, updates, effects, choice bounds and decision definitions
+    per table: a changed copy of the table (what every table mutant is) runs its own, beside the table."""
+    from dataclasses import replace
+
+    from odb.protocol.expr import Const, and_, ite
+
+    local = initial_local(DGAP, CFG)
+    inputs = {"quit": 0, "src_has": True}
+    assert step(DGAP, local, inputs, CFG, lambda *a: 0).after["buf"] == 1
+    shut = DGAP.replace_row("take_sample", guard=and_(DGAP.row("take_sample").guard, Const(False)))
+    with pytest.raises(ProtocolError, match="0 rows enabled"):
+        step(shut, local, inputs, CFG, lambda *a: 0)
+    twice = DGAP.replace_row("take_sample", updates=(("buf", Field("buf") + 2),))
+    assert step(twice, local, inputs, CFG, lambda *a: 0).after["buf"] == 2
+    assert step(DGAP, local, inputs, CFG, lambda *a: 0).after["buf"] == 1
+    wait = dict(local, ph=WAIT, buf=2)
+    ready = {"ready": True, "max_st": 0, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1, "quit": 0}
+    seen = []
+    step(DGAP, wait, ready, CFG, lambda row, c, lo, hi, params: seen.append((lo, hi)) or hi)
+    row = DGAP.row("return_go")
+    wide = DGAP.replace_row("return_go", choices=(replace(row.choices[0], lo=Const(0)),))
+    step(wide, wait, ready, CFG, lambda row, c, lo, hi, params: seen.append((lo, hi)) or hi)
+    lets = tuple((n, ite(Const(True), Const(2), e) if n == "target" else e) for n, e in DGAP.lets)
+    two = replace(DGAP, lets=lets)
+    got = step(two, wait, ready, CFG, lambda row, c, lo, hi, params: seen.append((lo, hi)) or hi)
+    assert seen == [(1, 2), (0, 2), (2, 2)] and got.after["T"] == 2
+    assert step(DGAP, wait, ready, CFG, lambda *a: 2).after["T"] == 1
+
+
 def test_choice_outside_its_contract_is_rejected():
     local = dict(initial_local(DGAP, CFG), ph=WAIT, buf=2)
     inputs = {"ready": True, "max_st": 0, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1}

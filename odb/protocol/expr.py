@@ -26,13 +26,13 @@ Neither torch nor z3 is imported here; `to_z3` imports z3 when it is called.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Callable, Mapping, NamedTuple, Union
 
 __all__ = [
-    "Expr", "Const", "Field", "Input", "Hdr", "Cfg", "Param", "Let", "Op", "OPS",
+    "Expr", "Const", "Field", "Input", "Hdr", "Cfg", "Param", "Let", "Op", "OPS", "Lazy",
     "add", "sub", "mn", "mx", "eq", "ne", "le", "lt", "ge", "gt", "and_", "or_", "not_",
-    "ite", "implies", "lift", "evaluate", "compiled", "render", "leaves", "typecheck", "to_z3", "Scope",
+    "ite", "implies", "lift", "evaluate", "compiled", "compiled_tuple", "render", "leaves", "typecheck", "to_z3",
+    "Scope",
 ]
 
 
@@ -197,7 +197,7 @@ class Scope(NamedTuple):
 def evaluate(e: Expr, s: Scope) -> int:
     """Concrete value of `e` in scope `s` (booleans come back as bool).
 
-    The tree is compiled once into nested closures (`compiled`) and cached on
+    The tree is compiled once into a Python function (`compiled`) and cached on
     the node, so the runtime's per-step guard evaluation does not walk the tree.
     Semantics are those of the tree: ``and``/``or``/``ite`` evaluate lazily,
     left to right, so an input is looked up only when the evaluation reaches it.
@@ -205,91 +205,117 @@ def evaluate(e: Expr, s: Scope) -> int:
     return compiled(e)(s)
 
 
-_COMPILED: dict[int, tuple[Expr, Callable[[Scope], int]]] = {}
+_COMPILED: dict = {}  # cache key -> (the objects the key's ids name, kept alive so no id is reused; the function)
+
+
+def _cached(key: tuple, alive: tuple, build: Callable[[], Callable]) -> Callable:
+    hit = _COMPILED.get(key)
+    if hit is not None and all(x is y for x, y in zip(hit[0], alive)):
+        return hit[1]
+    fn = build()
+    if len(_COMPILED) > 200_000:  # bound the cache when many throwaway expressions are built
+        _COMPILED.clear()
+    _COMPILED[key] = (alive, fn)
+    return fn
 
 
 def compiled(e: Expr) -> Callable[[Scope], int]:
     """`e` as a function of a `Scope` (cached per node; nodes are immutable)."""
-    hit = _COMPILED.get(id(e))
-    if hit is not None and hit[0] is e:
-        return hit[1]
-    fn = _compile(e)
-    if len(_COMPILED) > 200_000:  # bound the cache when many throwaway expressions are built
-        _COMPILED.clear()
-    _COMPILED[id(e)] = (e, fn)  # the node is kept alive, so its id is never reused
-    return fn
+    return _cached((id(e),), (e,), lambda: _generate([e], None, False))
 
 
-def _leaf(kind: str, attr: str, name: str) -> Callable[[Scope], int]:
-    table_of = attrgetter(attr)
-
-    def f(s: Scope) -> int:  # one closure, no helper call: a leaf is read several times per runtime step
-        t = table_of(s)
-        if t is None or name not in t:
-            raise KeyError(f"{kind}({name!r}) is not bound in this scope")
-        return t[name]
-    return f
+def compiled_tuple(exprs: tuple[Expr, ...], lets: Mapping[str, Expr] | None = None) -> Callable[[Scope], tuple]:
+    """The values of `exprs`, evaluated in order, as one function of a `Scope` returning a tuple: what `evaluate`
+    gives for each in turn, in one call.  With `lets`, a `Let` that names one of them is expanded where it is
+    read, so the function must be called with ``Scope(lets=lets)`` (the interpreter passes its table's
+    ``let_map``); a `Let` that names none of them still raises when it is reached.  Cached per tuple of nodes
+    and `lets` mapping."""
+    return _cached((*map(id, exprs), id(lets)), (*exprs, lets), lambda: _generate(list(exprs), lets, True))
 
 
-def _compile(e: Expr) -> Callable[[Scope], int]:
+# A leaf kind's scope attribute and the local name the generated code reads it through.
+_LEAF = {Field: ("fields", "F"), Input: ("inputs", "I"), Hdr: ("hdr", "H"), Cfg: ("cfg", "C"),
+         Param: ("params", "P")}
+_INFIX_PY = {"+": "+", "-": "-", "==": "==", "!=": "!=", "<=": "<=", "<": "<", ">=": ">=", ">": ">"}
+_DEPTH = 40  # a subtree deeper than this is a call of its own function: CPython's parser nests 200 brackets
+
+
+class Lazy(dict):
+    """A scope mapping that reads a name when it is first looked up (its `__missing__`): ``in`` tells which names
+    were read, so a leaf that finds its name absent looks it up (`_read`) instead of calling it unbound."""
+
+    __slots__ = ()
+
+
+def _read(t: Mapping | None, kind: str, name: str) -> int:
+    """A leaf's read past the generated code's fast path (the name not yet in `t`)."""
+    if t is None or not (isinstance(t, Lazy) or name in t):
+        raise KeyError(f"{kind}({name!r}) is not bound in this scope")
+    return t[name]
+
+
+def _let(s: Scope, name: str) -> int:
+    if s.lets is None or name not in s.lets:
+        raise KeyError(f"Let({name!r}) is not defined")
+    return compiled(s.lets[name])(s)
+
+
+def _resolve(s: Scope, e: Expr) -> int:
+    if s.resolve is None:
+        raise KeyError(f"no resolver for node {e!r}")
+    return s.resolve(e, s)
+
+
+def _generate(exprs: list[Expr], lets: Mapping[str, Expr] | None, as_tuple: bool) -> Callable[[Scope], object]:
+    """One generated Python function of a `Scope` returning the value of `exprs`' single expression, or (as_tuple)
+    the tuple of their values in order: the tree's semantics operator for operator, without a call per node
+    (`_source` writes the text, from the tree only)."""
+    env: dict = {"_read": _read, "_let": _let, "_resolve": _resolve, "min": min, "max": max}
+    used: set = set()
+    parts = [_source(e, env, used, lets, 0) for e in exprs]
+    body = (f"({', '.join(parts)},)" if parts else "()") if as_tuple else parts[0]
+    reads = "".join(f"    {var} = s.{attr}\n" for attr, var in sorted(used))
+    exec(f"def _f(s):\n{reads}    return {body}\n", env)  # noqa: S102
+    return env["_f"]
+
+
+def _bind(env: dict, value: object) -> str:
+    name = f"_v{len(env)}"
+    env[name] = value
+    return name
+
+
+def _source(e: Expr, env: dict, used: set, lets: Mapping[str, Expr] | None, depth: int) -> str:
+    """Python text of `e` (`_generate`): the objects it names are bound in `env`, the leaf kinds it reads added
+    to `used`; a `Let` of `lets` is expanded.  A leaf reads its name directly where ``in`` finds it, else through
+    `_read`, which raises unless the name is bound (a `Lazy` mapping, the interpreter's inputs, reads it then)."""
     if isinstance(e, Const):
-        v = e.value
-        return lambda s: v
-    if isinstance(e, Field):
-        return _leaf("Field", "fields", e.name)
-    if isinstance(e, Input):
-        return _leaf("Input", "inputs", e.name)
-    if isinstance(e, Hdr):
-        return _leaf("Hdr", "hdr", e.name)
-    if isinstance(e, Cfg):
-        return _leaf("Cfg", "cfg", e.name)
-    if isinstance(e, Param):
-        return _leaf("Param", "params", e.name)
+        return repr(e.value) if type(e.value) in (bool, int) else _bind(env, e.value)
+    leaf = next((k for k in _LEAF if isinstance(e, k)), None)
+    if leaf is not None:
+        var, n = _LEAF[leaf][1], repr(e.name)
+        used.add(_LEAF[leaf])
+        return f"({var}[{n}] if {var} is not None and {n} in {var} else _read({var}, {leaf.__name__!r}, {n}))"
+    if depth >= _DEPTH:
+        return f"{_bind(env, compiled(e))}(s)"
     if isinstance(e, Let):
-        name = e.name
-
-        def let(s: Scope) -> int:
-            if s.lets is None or name not in s.lets:
-                raise KeyError(f"Let({name!r}) is not defined")
-            return compiled(s.lets[name])(s)
-        return let
+        if lets is not None and e.name in lets:
+            return _source(lets[e.name], env, used, lets, depth + 1)
+        return f"_let(s, {e.name!r})"
     if not isinstance(e, Op):
-        def resolve(s: Scope) -> int:
-            if s.resolve is None:
-                raise KeyError(f"no resolver for node {e!r}")
-            return s.resolve(e, s)
-        return resolve
+        return f"_resolve(s, {_bind(env, e)})"
+    a = [_source(x, env, used, lets, depth + 1) for x in e.args]
     op = e.op
-    a = [compiled(x) for x in e.args]
     if op == "ite":
-        c, t, f = a
-        return lambda s: t(s) if c(s) else f(s)
-    if op == "and":
-        x, y = a
-        return lambda s: bool(x(s) and y(s))
-    if op == "or":
-        x, y = a
-        return lambda s: bool(x(s) or y(s))
+        return f"({a[1]} if {a[0]} else {a[2]})"
+    if op in ("and", "or"):
+        return f"bool({a[0]} {op} {a[1]})"
     if op == "not":
-        x = a[0]
-        return lambda s: not x(s)
-    x, y = a
-    fn = _BINARY[op]
-    return lambda s: fn(x(s), y(s))
+        return f"(not {a[0]})"
+    if op in ("min", "max"):
+        return f"{op}({a[0]}, {a[1]})"
+    return f"({a[0]} {_INFIX_PY[op]} {a[1]})"
 
-
-_BINARY: dict[str, Callable[[int, int], int]] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "min": min,
-    "max": max,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    "<=": lambda a, b: a <= b,
-    "<": lambda a, b: a < b,
-    ">=": lambda a, b: a >= b,
-    ">": lambda a, b: a > b,
-}
 
 _INFIX = {"+", "-", "==", "!=", "<=", "<", ">=", ">", "and", "or"}
 

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import ProtocolError
-from .expr import Cfg, Const, Expr, Hdr, Op, Scope, evaluate, leaves
+from .expr import Cfg, Const, Expr, Hdr, Lazy, Op, Scope, compiled_tuple, evaluate, leaves
 from .table import Aggregate, Choice, Row, Table
 
 __all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",
@@ -46,43 +46,62 @@ def candidate_rows(table: Table, local: Mapping) -> list[Row]:
     return table.rows_from(local["ph"])
 
 
-class _Recording(Mapping):
-    """Inputs looked up lazily: an input is requested from the environment only
-    when a guard's evaluation reaches it (``and`` short-circuits left to right)."""
+class _Recording(Lazy):
+    """Inputs looked up lazily: an input is requested from the environment only when an evaluation reaches it
+    (``and`` short-circuits left to right), once; the mapping holds those read, in the order read."""
+
+    __slots__ = ("_source",)
 
     def __init__(self, source: Mapping | Callable[[str], int]):
+        super().__init__()
         self._source = source
-        self.read: dict = {}
 
-    def __getitem__(self, k: str):
-        if k not in self.read:
-            self.read[k] = self._source(k) if callable(self._source) else self._source[k]
-        return self.read[k]
-
-    def __contains__(self, k: object) -> bool:
-        return True if callable(self._source) else k in self._source
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.read)
-
-    def __len__(self) -> int:
-        return len(self.read)
+    def __missing__(self, k: str):
+        src = self._source
+        if callable(src):
+            v = src(k)
+        elif k in src:
+            v = src[k]
+        else:
+            raise KeyError(f"Input({k!r}) is not bound in this scope")
+        self[k] = v
+        return v
 
 
 def _scope(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping, params: Mapping | None = None) -> Scope:
-    return Scope(fields=local, inputs=inputs, cfg=cfg, params=params or {}, lets=table.let_map)
+    return Scope(fields=local, inputs=inputs, cfg=cfg, params={} if params is None else params, lets=table.let_map)
 
 
 def enabled_rows(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> list[Row]:
-    """Rows of the rank's phase whose guard holds."""
+    """Rows of the rank's phase whose guard holds (each guard evaluated, in table order)."""
+    rows, guards = _guards(table, local["ph"])
     s = _scope(table, local, inputs, cfg)  # guards read no params: one scope serves every row
-    return [r for r in candidate_rows(table, local) if evaluate(r.guard, s)]
+    return [r for r, g in zip(rows, guards(s)) if g]
+
+
+def _guards(table: Table, phase: int) -> tuple[list[Row], Callable[[Scope], tuple]]:
+    """The rows leaving `phase` and the function of a scope giving their guards' values in table order (cached
+    per table and phase)."""
+    cache = table.__dict__.setdefault("_guards", {})
+    hit = cache.get(phase)
+    if hit is None:
+        rows = table.rows_from(phase)
+        hit = cache[phase] = (rows, compiled_tuple(tuple(r.guard for r in rows), table.let_map))
+    return hit
 
 
 def choice_bounds(table: Table, row: Row, choice: Choice, local: Mapping, inputs: Mapping,
                   cfg: Mapping, params: Mapping) -> tuple[int, int]:
-    s = _scope(table, local, inputs, cfg, params)
-    return int(evaluate(choice.lo, s)), int(evaluate(choice.hi, s))
+    return _bounds(table, choice, _scope(table, local, inputs, cfg, params))
+
+
+def _bounds(table: Table, choice: Choice, s: Scope) -> tuple[int, int]:
+    cache = table.__dict__.setdefault("_bounds", {})
+    hit = cache.get(id(choice))
+    if hit is None or hit[0] is not choice:
+        hit = cache[id(choice)] = (choice, compiled_tuple((choice.lo, choice.hi), table.let_map))
+    lo, hi = hit[1](s)
+    return int(lo), int(hi)
 
 
 def fire(table: Table, row: Row, local: Mapping, inputs: Mapping, cfg: Mapping, params: Mapping) -> Step:
@@ -101,21 +120,40 @@ def fire(table: Table, row: Row, local: Mapping, inputs: Mapping, cfg: Mapping, 
 def _apply(table: Table, row: Row, local: Mapping, rec: _Recording, cfg: Mapping, params: Mapping, s: Scope) -> Step:
     """`fire` past its guard check: `row`'s guard holds in `s` (the scope of `local`, `rec`, `cfg`, `params`)."""
     for c in row.choices:
-        lo, hi = choice_bounds(table, row, c, local, rec, cfg, params)
+        lo, hi = _bounds(table, c, s)
         v = params.get(c.name)
         if v is None or not lo <= v <= hi:
             raise ProtocolError(
                 f"row {row.name}: choice {c.name}={v} outside its contract [{lo}, {hi}] in state {dict(local)}")
+    targets, posted, values = _row_values(table, row)
+    v = values(s)  # the updates, then the payload and its shape (a post) or the count (an emit), in this order
     after = dict(local)
-    for tgt, e in row.updates:
-        after[tgt] = evaluate(e, s)
+    after.update(zip(targets, v))
     after["ph"] = row.phase_to
+    k, eff = len(targets), row.effect
+    payload = dict(zip(posted, v[k:])) if eff.kind == "post" else None
+    count = v[k] if eff.kind == "emit" else None
+    return Step(row.name, dict(local), after, dict(params), dict(rec), eff.kind, payload, count)
+
+
+def _row_values(table: Table, row: Row) -> tuple[tuple[str, ...], tuple[str, ...], Callable[[Scope], tuple]]:
+    """(the fields `row` updates, the names its post's payload holds, shape last; the function of a scope giving
+    the updates' values, then the payload's or the emit's count), cached per table and row."""
+    cache = table.__dict__.setdefault("_row_values", {})
+    hit = cache.get(row.name)
+    if hit is not None and hit[0] is row:
+        return hit[1]
     eff = row.effect
-    payload = {n: evaluate(e, s) for n, e in eff.payload} if eff.kind == "post" else None
-    if payload is not None:
-        payload["shape"] = evaluate(eff.shape, s)
-    count = evaluate(eff.count, s) if eff.kind == "emit" else None
-    return Step(row.name, dict(local), after, dict(params), dict(rec.read), eff.kind, payload, count)
+    exprs = [e for _, e in row.updates]
+    posted: tuple[str, ...] = ()
+    if eff.kind == "post":
+        posted = (*(n for n, _ in eff.payload), "shape")
+        exprs += [*(e for _, e in eff.payload), eff.shape]
+    elif eff.kind == "emit":
+        exprs.append(eff.count)
+    out = (tuple(t for t, _ in row.updates), posted, compiled_tuple(tuple(exprs), table.let_map))
+    cache[row.name] = (row, out)
+    return out
 
 
 def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], cfg: Mapping,
@@ -132,22 +170,23 @@ def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], c
     an input the payload has not read yet (``in.quit``).  Raises ProtocolError
     unless exactly one row is enabled.
     """
-    rec = _Recording(inputs)
-    rows = enabled_rows(table, local, rec, cfg)
+    rec, params = _Recording(inputs), {}
+    s = _scope(table, local, rec, cfg, params)  # one scope: `params` fills in as the choices are made
+    cands, guards = _guards(table, local["ph"])
+    rows = [r for r, g in zip(cands, guards(s)) if g]  # `enabled_rows` (guards read no params)
     if len(rows) != 1:
         raise ProtocolError(
-            f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {rec.read}; "
+            f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {dict(rec)}; "
             "the table must enable exactly one row per step")
     row = rows[0]
     if selected is not None:
         selected(row)
-    params: dict = {}
     for c in row.choices:
-        lo, hi = choice_bounds(table, row, c, local, rec, cfg, params)
+        lo, hi = _bounds(table, c, s)
         params[c.name] = int(choose(row, c, lo, hi, dict(params)))
-    # `enabled_rows` just found the guard true on these very reads (`rec` replays them; guards read no
-    # params), so `fire`'s check of it is skipped; the choices' bounds are still checked
-    return _apply(table, row, local, rec, cfg, params, _scope(table, local, rec, cfg, params))
+    # the guard was just found true on these very reads (`rec` replays them; guards read no params), so
+    # `fire`'s check of it is skipped; the choices' bounds are still checked
+    return _apply(table, row, local, rec, cfg, params, s)
 
 
 def successors(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> Iterator[Step]:
