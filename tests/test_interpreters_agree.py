@@ -165,6 +165,19 @@ def test_every_leaf_kind_unbound_raises_naming_it(leaf, bound):
     assert evaluate(Op("+", (leaf, Const(1))), ok) == 42
 
 
+def test_a_tree_built_again_reuses_its_function_and_keeps_its_constants_types():
+    """`compiled` generates one function per shape (a decision's ``Let("target")`` is built for every round), and
+    a shape tells ``true`` from ``1`` (equal in Python): a boolean expression still evaluates to a bool."""
+    from odb.protocol.expr import compiled
+
+    assert compiled(Let("target")) is compiled(Let("target"))
+    assert compiled(Op("+", (Field("a"), Const(1)))) is compiled(Op("+", (Field("a"), Const(1))))
+    s = Scope(fields={"x": True})
+    for first, second in ((Const(1), Const(True)), (Const(True), Const(1))):
+        a, b = (evaluate(Op("ite", (Field("x"), c, c)), s) for c in (first, second))
+        assert (type(a), type(b)) == (type(first.value), type(second.value)) and a == b
+
+
 def test_a_let_missing_from_the_scope_raises_when_reached_only():
     from odb.protocol.expr import compiled_tuple
 

@@ -220,8 +220,32 @@ def _cached(key: tuple, alive: tuple, build: Callable[[], Callable]) -> Callable
 
 
 def compiled(e: Expr) -> Callable[[Scope], int]:
-    """`e` as a function of a `Scope` (cached per node; nodes are immutable)."""
-    return _cached((id(e),), (e,), lambda: _generate([e], None, False))
+    """`e` as a function of a `Scope` (cached per node, nodes being immutable, and per shape: a tree built again
+    for each evaluation, as ``Let("target")`` often is, is generated once)."""
+    return _cached((id(e),), (e,), lambda: _by_shape(e))
+
+
+_SHAPES: dict = {}
+
+
+def _by_shape(e: Expr) -> Callable[[Scope], int]:
+    key = _shape(e)
+    fn = _SHAPES.get(key)
+    if fn is None:
+        if len(_SHAPES) > 20_000:
+            _SHAPES.clear()
+        fn = _SHAPES[key] = _generate([e], None, False)
+    return fn
+
+
+def _shape(e: Expr) -> tuple:
+    """A key equal for two trees only if they evaluate alike: node kinds, names, operators and constants with
+    their types (``Const(True)`` is not ``Const(1)``, though the two compare equal)."""
+    if isinstance(e, Op):
+        return (e.op, *map(_shape, e.args))
+    if isinstance(e, Const):
+        return (Const, type(e.value), e.value)
+    return (type(e), e)
 
 
 def compiled_tuple(exprs: tuple[Expr, ...], lets: Mapping[str, Expr] | None = None) -> Callable[[Scope], tuple]:

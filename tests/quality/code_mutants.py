@@ -396,6 +396,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "    if depth >= 100 * _DEPTH:",
                ("tests/test_interpreters_agree.py::test_a_deep_expression_evaluates_past_the_parsers_nesting_limit",),
                "a deep expression is generated as one text, past the parser's nesting limit"),
+    CodeMutant("shape_forgets_constant_types", "odb/protocol/expr.py", "return (Const, type(e.value), e.value)",
+               "return (Const, e.value)",
+               ("tests/test_interpreters_agree.py::test_a_tree_built_again_reuses_its_function_and_keeps_its_"
+                "constants_types",),
+               "a tree evaluates with the function of an equal one built before: true reads as 1"),
     CodeMutant("guards_compiled_once_for_every_table", "odb/protocol/machine.py",
                'cache = table.__dict__.setdefault("_guards", {})', 'cache = _guards.__dict__.setdefault("_guards", {})',
                ("tests/test_protocol_table.py::test_each_table_runs_its_own_rows_in_one_process",),
