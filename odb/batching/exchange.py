@@ -19,14 +19,19 @@ the batches of one step are neighbours in fill on every rank, not only within on
 **Budget balance** (``slack`` > 0, in basis points; the loader's ``exchange_slack``): rule 1's order makes a
 step's batches neighbours in step time (the fill), not in budget cost, so a step can hold one batch of a few long
 samples and one of many short ones, alike in time and far apart in budget.  With a slack each fill is a key
-(`pack_key`): the step-time fill and the budget fill (attention 0).  The plan then takes, of the orders
+(`pack_key`): the step-time fill and the budget fill (attention 0).  A round's cost is the sum over its steps of
+the step's largest step-time fill.  The plan starts from rule 1's order and, for K = ``MAX_BLOCK`` down to 2:
 
-    K = 1: rule 1;  K = 2 .. ``MAX_BLOCK``: rule 1's order cut into blocks of K N batches, each block re-sorted
-    by (decreasing budget fill, origin rank, origin step)
+    cuts rule 1's order into blocks of K N batches (K steps; the last may be shorter, and is left out if it is
+    one step); each block none of whose steps was re-sorted at a larger K would cost some extra re-sorted by
+    (decreasing budget fill, origin rank, origin step); those blocks are re-sorted so in increasing extra (ties:
+    in order), each while the round's cost stays at most ``(1 + slack / 10,000)`` times rule 1's (integer
+    arithmetic)
 
-the one of the largest K whose cost, the sum over its steps of the largest step-time fill, is at most
-``(1 + slack / 10,000)`` times K = 1's (integer arithmetic), and runs rules 2 and 3 on it.  So a round spends at
-most that share of its step time on budget balance, and a round whose blocks would cost more keeps rule 1.
+and runs rules 2 and 3 on the result.  So a round spends at most that share of its step time on budget balance,
+on the blocks where it buys the most balance for the least time; a round whose every block would cost more keeps
+rule 1.  (Until 2026-12-05 a round took one K for all its blocks, or none:
+``docs/decisions/2026-12-05-exchange-budget-balance.md``.)
 
 The plan reads the gathered fills and nothing else, so every rank that gathered the same fills computes
 the same plan: a rank sends exactly the batches the others expect from it, and every batch runs exactly
@@ -215,28 +220,38 @@ def _decreasing(v: np.ndarray, ints: bool) -> np.ndarray:
 
 def _balanced(by: np.ndarray, keys: np.ndarray, n: int, slack: int) -> np.ndarray:
     """Budget balance (module docstring): `keys` in origin order and `by`, rule 1's permutation of them, to the
-    permutation of the largest block whose step-time cost is within the slack of rule 1's."""
+    permutation with rule 1's blocks re-sorted by budget, largest blocks first and the cheapest of each size
+    first, while the round's step-time cost stays within the slack of rule 1's."""
     L = len(by)
     if L == 0:
         return by
     fill = keys >> _KEY_BITS
     starts = np.arange(0, L, n)
-    # every block's re-sort in one: by (decreasing budget fill, origin) over the whole round, then for each K,
+    steps = len(starts)
+    # every block's re-sort at once: by (decreasing budget fill, origin) over the whole round, then for each K,
     # stably by block (the block of a batch: its place in rule 1's order, div K N)
     by_budget = _stable_order((KEY_SHIFT - 1) - (keys & (KEY_SHIFT - 1)))
     rank1 = np.empty(L, dtype=np.int64)
     rank1[by] = np.arange(L)
     place = rank1[by_budget]
-
-    def cost(p: np.ndarray) -> int:  # the sum over steps of the step's largest step-time fill
-        return int(np.maximum.reduceat(fill[p], starts).sum())
-
-    limit, best = (10_000 + slack) * cost(by), by
-    for K in range(2, MAX_BLOCK + 1):
+    base = np.maximum.reduceat(fill[by], starts)  # each step's largest step-time fill under rule 1
+    room = slack * int(base.sum())  # the step time budget balance may add to the round, x 10,000
+    out, taken = by.copy(), np.zeros(steps, dtype=bool)
+    for K in range(MAX_BLOCK, 1, -1):
         cand = by_budget[_stable_order(place // (K * n))]
-        if 10_000 * cost(cand) <= limit:
-            best = cand
-    return best
+        blocks = np.arange(0, steps, K)
+        extra = np.add.reduceat(np.maximum.reduceat(fill[cand], starts) - base, blocks)
+        free = np.flatnonzero(~np.logical_or.reduceat(taken, blocks))  # no step re-sorted at a larger K
+        if steps % K == 1:  # a last block of one step: re-sorted, it runs the same batches at that step
+            free = free[free != len(blocks) - 1]
+        for b in free[np.argsort(extra[free], kind="stable")].tolist():  # the cheapest first; ties in order
+            cost = 10_000 * int(extra[b])
+            if cost > room:
+                break  # the blocks left cost as much or more
+            room -= cost
+            out[b * K * n:(b + 1) * K * n] = cand[b * K * n:(b + 1) * K * n]
+            taken[b * K:(b + 1) * K] = True
+    return out
 
 
 def check_plan(fills: Sequence[Sequence], plan: Sequence[Sequence[Slot | None]]) -> None:
