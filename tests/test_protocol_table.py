@@ -76,6 +76,17 @@ def test_each_table_runs_its_own_rows_in_one_process():
     assert step(DGAP, wait, ready, CFG, lambda *a: 2).after["T"] == 1
 
 
+def test_a_table_used_by_the_interpreter_still_pickles():
+    """The interpreter caches generated functions beside a table's fields; a table that has run still pickles
+    (its fields), and the copy runs alike."""
+    import pickle
+
+    local, inputs = initial_local(DGAP, CFG), {"quit": 0, "src_has": True}
+    want = step(DGAP, local, inputs, CFG, lambda *a: 0)
+    copy = pickle.loads(pickle.dumps(DGAP))
+    assert copy.hash == DGAP.hash and step(copy, local, inputs, CFG, lambda *a: 0) == want
+
+
 def test_choice_outside_its_contract_is_rejected():
     local = dict(initial_local(DGAP, CFG), ph=WAIT, buf=2)
     inputs = {"ready": True, "max_st": 0, "max_n": 2, "min_n": 2, "min_pos_n": 2, "proposal": 1}

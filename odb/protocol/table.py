@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from functools import cached_property
 
 from .expr import (
@@ -194,6 +195,11 @@ class Table:
                 by_phase.setdefault(r.phase_from, []).append(r)
             self.__dict__["_rows_by_phase"] = by_phase
         return by_phase.get(phase, [])
+
+    def __getstate__(self) -> dict:
+        """Pickled: the table's fields only, not what is cached beside them (the interpreter's generated functions
+        cannot be pickled; they are generated again on use)."""
+        return {f.name: getattr(self, f.name) for f in dataclass_fields(self)}
 
     @cached_property
     def let_map(self) -> dict[str, Expr]:
