@@ -127,10 +127,6 @@ def test_rows_of_different_lengths_or_fills_that_are_not_numbers_are_refused():
 
 # -- budget balance: keys of (step-time fill, budget fill) and a slack --------------------------------------------
 
-def _cost(order, n):
-    return sum(max(unpack_key(f)[0] for f in order[a:a + n]) for a in range(0, len(order), n))
-
-
 def test_a_hand_worked_round_is_budget_balanced_only_when_the_slack_pays_for_it():
     # (fill, budget fill): rank 0 [(10, 1), (9, 9)], rank 1 [(10, 9), (9, 1)].  Rule 1 runs the two fills of 10
     # at step 0 (budgets 9 and 1), at a cost of 10 + 9; the block of 2 steps re-sorted by budget runs the two
