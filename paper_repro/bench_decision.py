@@ -31,7 +31,8 @@ partition, the deal), ``decode`` (the N headers as the transport hands them, an 
 collective's return and its batches), ``replicated`` (``decode`` and `odb.core.replica.Replicated.decide`:
 what reads the N headers, the part that grows with N; the rest of ``decision`` is this rank's own window:
 its partition, the partition's contract check and the release of the last round's batches, the same work at
-any N), ``local`` (the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per
+any N), ``plan`` (with ``exchange``, inside ``collect``: the round exchange's plan of the previous round's batches
+across the N ranks, `odb.batching.exchange.plan_origins` and this rank's sends; 0 without), ``local`` (the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per
 sample).  Each part also gives each round's median over the passes
 (``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N;
 the loss counts are reduced, not gathered (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
@@ -65,7 +66,7 @@ __all__ = ["record", "replay", "as_rank_sees", "decision_at_scale", "TARGETS"]
 # The targets for one rank's decision per round at N = 1024, W = 1024 (ms), read two ways: the policy's
 # part, and the whole decision (``decision``: decoding the N headers and the WAIT row on them).
 TARGETS = {"policy_median_ms": 1.0, "policy_p99_ms": 5.0, "decision_median_ms": 1.0, "decision_p99_ms": 5.0}
-PARTS = ("policy", "collect", "decode", "decision", "replicated", "local")
+PARTS = ("policy", "collect", "decode", "decision", "replicated", "plan", "local")
 
 
 class _Lengths(Sequence):

@@ -305,18 +305,22 @@ def main(out_dir) -> dict:
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
     }
-    figures["explain"] = {}  # a decision miss: each replayed round's median (the round a p99 comes from)
+    # a decision miss: each replayed round's median (the round a p99 comes from), and where the median goes
+    figures["explain"] = {}
     for d in (figures[k] for k in DECISIONS):
         g = d["pool_size"]
         at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}" + (
             f" exchange (slack {d['exchange_slack']} bp)" if d.get("exchange") else "")
+        rest = d["collect"]["median_ms"] - d["replicated"]["median_ms"] - d["plan"]["median_ms"]
         for k, v in bench_decision.TARGETS.items():
             part, stat = k.split("_", 1)
             name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
             figures["targets"][name] = [round(d[part][stat], 3), d["verdicts"][k]]
             figures["explain"][name] = "rounds' medians " + ", ".join(
-                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms; reference workload just before the " \
-                f"replay {d['reference_ms_before_replay']:.1f} ms"
+                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms; parts' medians: " + ", ".join(
+                f"{p} {d[p]['median_ms']:.3f}" for p in ("decode", "replicated", "plan")) + \
+                f" ms, the rest of collect {rest:.3f} ms; reference workload just before the replay " \
+                f"{d['reference_ms_before_replay']:.1f} ms"
     m = figures["machine"]
     print(f"machine: {m['cpu_model']}, {m['cpus']} CPUs; reference workload (`paper_repro.cpu.reference_ms`) "
           f"{m['reference_ms_at_start']:.1f} ms at the start, {m['reference_ms_at_end']:.1f} ms at the end: "

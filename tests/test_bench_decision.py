@@ -67,6 +67,7 @@ def test_decision_at_scale_end_to_end_on_a_small_point():
         assert 0 <= f["median_ms"] <= f["p99_ms"] <= f["max_ms"]
     # the whole decision is the decoding and the WAIT row of each round
     assert out["decision"]["max_ms"] <= out["decode"]["max_ms"] + out["collect"]["max_ms"] + 1e-9
+    assert out["plan"]["max_ms"] == 0  # no exchange, no plan
     assert set(out["verdicts"]) == {"policy_median_ms", "policy_p99_ms", "decision_median_ms", "decision_p99_ms"}
     assert out["verdicts"]["decision_median_ms"] == (out["decision"]["median_ms"] < 1.0)
 
@@ -158,6 +159,8 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
         got = replay_rank(r, rounds, [[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=pool,
                           exchange=True, exchange_slack=slack, received=[m.get(mine, {}) for m in moved])
         assert len(got) == len(posts) and sum(row["receive_s"] > 0 for row in got) >= 1
+        # every round but the last (the flush round plans nothing) plans the previous one, inside its collect
+        assert all(0 < row["plan_s"] < row["collect_s"] for row in got[1:-1]) and got[-1]["plan_s"] == 0
     taken = next(k for k, m in enumerate(moved) if m.get(0))
     lacking = [dict(m.get(0, {})) for m in moved]
     lacking[taken].popitem()
@@ -175,6 +178,7 @@ def test_decision_at_scale_with_the_exchange_end_to_end_on_a_small_point():
                             exchange=True, exchange_slack=125)
     assert out["exchange"] and out["exchange_slack"] == 125 and out["rounds"] >= 3
     assert out["collect"]["median_ms"] > 0 and out["decision"]["max_ms"] >= out["collect"]["max_ms"]
+    assert 0 < out["plan"]["median_ms"] < out["collect"]["median_ms"]
     cut = decision_at_scale(world=8, window=8, budget=4096, per_rank=64, rounds=3, passes=2, pool_size=2, rank=3,
                             exchange=True)  # the third round's moves are recorded although the recording stops
     assert cut["rounds"] == 3 and cut["samples"] == 6

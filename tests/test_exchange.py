@@ -433,6 +433,7 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
 
     import numpy as np
 
+    from odb.core.info import LoaderStats
     from odb.core.rank import Batch, RankCore
 
     fills = np.array([[9, 1, 8, 1], [5, 5, 4, 4]])  # pool batch order: lane k mod 2, step k div 2
@@ -442,7 +443,7 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
         core = object.__new__(RankCore)
         held = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)]
         core.__dict__.update(rank=rank, lane=rank, lanes=2, _round_target=4, _held=held,
-                             _rows=SimpleNamespace(fills=fills), _pending=None, _slack=0)
+                             _rows=SimpleNamespace(fills=fills), _pending=None, _slack=0, stats=LoaderStats())
         core._plan()
         assert core._send == () and core._expect == (), (rank, core._send, core._expect)
         placed[rank] = [(m, b.positions) for m, b in core._placed]

@@ -131,6 +131,7 @@ class LoaderStats:
     exchange_received: int = 0      # and received from others
     exchange_bytes: int = 0         # bytes it sent and received for them (pickled samples)
     exchange_s: float = 0.0         # time the engine spent in the exchange's transfers (includes peers' lag)
+    exchange_plan_s: float = 0.0    # time this rank spent planning the exchange (a replicated decision)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -102,8 +102,11 @@ def pool_rows(rows: Headers, lanes: int, round_index: int, fills_read: int | Non
                 f"{bad} than rank {p * lanes} of its pool. A pool's ranks must preprocess and measure "
                 "its samples alike (deterministic preprocessing, the same length_fn and oversize); "
                 "every rank stops in this round. Use pool_size=1 for preprocessing that is random")
+    at = rows.layout.index["st"]
+    if (a[:, 0, at] == st).all():  # lane 0's headers are the pools' as they are: a view, not a copy of the
+        return Headers(rows.layout, a[:, 0])  # unread fill slots (most of a pooled header, cold from the gather)
     out = a[:, 0].copy()
-    out[:, rows.layout.index["st"]] = st
+    out[:, at] = st
     return Headers(rows.layout, out)
 
 

@@ -34,6 +34,7 @@ requires): its collective carries that round's counts.  A batch's counts are pos
 
 from __future__ import annotations
 
+import time
 from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
@@ -490,6 +491,7 @@ class RankCore:
         expects, from the gathered fills only (`exchange_plan`, in its array form `plan_origins`).  A pool's
         replicas hold every batch of their pool, so a batch that moves between two ranks of one pool moves in
         memory; only batches that leave their pool are sent, each by the lane that formed it."""
+        t0 = time.perf_counter()
         G, T, held = self.lanes, self._round_target, self._held
         self._planned = T  # the trace's: the target of the round planned (the conformance check recomputes it)
         if len(held) != T:
@@ -519,6 +521,7 @@ class RankCore:
         self._send, self._expect = tuple(send), expect
         self._pending = {"rows": [(q - pool * G, rows[q]) for q in own], "kept": kept,
                          "expect": {o for _, o in expect}}
+        self.stats.exchange_plan_s += time.perf_counter() - t0
         if not expect:
             self.receive({})
 

@@ -290,11 +290,12 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
     this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
     vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
-    process): per round ``{"decode_s", "collect_s", "policy_s", "local_s", "replicated_s"}``: decoding the
+    process): per round ``{"decode_s", "collect_s", "policy_s", "local_s", "replicated_s", "plan_s"}``: decoding the
     N headers, the WAIT row on them (the replicated decision and the deal, this rank's partition of its
     window and the release of the last round's batches), the policy's part of this round (summarize,
     propose, partition), the EMIT/FILL rows before the post, and the replicated decision alone
-    (`Replicated.decide`, inside the WAIT row: what reads the N headers).  Raises ProtocolError if
+    (`Replicated.decide`, inside the WAIT row: what reads the N headers), and ``plan_s``, the round exchange's
+    plan (inside the WAIT row; 0 without the exchange).  Raises ProtocolError if
     this rank posts other than the recorded post (the replay is not the recorded run); a recorded post
     with counts None has its header checked only.  ``pool_size`` G > 1: the rank is lane ``rank mod G``
     of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it.  ``exchange`` (and
@@ -313,7 +314,7 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     ok = lambda: 0  # noqa: E731
     out = []
     for k, (mine, g) in enumerate(rounds):
-        before, before_rep, t0 = pol.seconds, rep.seconds, time.perf_counter()
+        before, before_rep, before_plan, t0 = pol.seconds, rep.seconds, core.stats.exchange_plan_s, time.perf_counter()
         post = None
         while not core.waiting and not core.done:
             o = core.step(ok)
@@ -340,7 +341,8 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
             core.receive(batches)
             t5 = time.perf_counter()
         out.append({"decode_s": t2 - t1, "collect_s": t3 - t2 + t5 - t4, "policy_s": pol.seconds - before,
-                    "local_s": t1 - t0, "replicated_s": rep.seconds - before_rep, "receive_s": t5 - t4})
+                    "local_s": t1 - t0, "replicated_s": rep.seconds - before_rep, "receive_s": t5 - t4,
+                    "plan_s": core.stats.exchange_plan_s - before_plan})
     return out
 
 

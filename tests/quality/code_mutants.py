@@ -556,10 +556,18 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "return self._timed(super().partition, window, target, real, cost)",
                ("tests/test_bench_runtime.py::test_the_loader_figures_timed_policy_emits_the_default_policys_batches",),
                "the loader benchmark's timed policy partitions without the gathered summaries (a sibling's path)"),
+    CodeMutant("exchange_plan_time_not_counted", "odb/core/rank.py",
+               "        self.stats.exchange_plan_s += time.perf_counter() - t0\n", "",
+               ("tests/test_bench_decision.py::test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_"
+                "moved_and_posts_what_it_posted",),
+               "the exchange's plan is not timed: the decision benchmark cannot say where its time goes"),
     # -- pooled windows (odb.core.pool) --------------------------------------------------------------------------
     CodeMutant("pool_ignores_a_lanes_stop", "odb/core/pool.py", 'st = a[:, :, rows.layout.index["st"]].max(axis=1)', 'st = a[:, 0, rows.layout.index["st"]]',
                (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
                "a pool's row takes lane 0's status: another lane that stops is not seen"),
+    CodeMutant("pool_view_keeps_lane_zeros_status", "odb/core/pool.py", "if (a[:, 0, at] == st).all():",
+               "if True:", (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
+               "a pool's row is lane 0's header as it is, also when another lane stops (its status is lost)"),
     CodeMutant("pool_lane_one_unchecked", "odb/core/pool.py", "if (b[:, 1:] != b[:, :1]).any():", "if (b[:, 2:] != b[:, :1]).any():",
                (P + "test_pool_rows_refuse_lanes_that_posted_other_headers",),
                "a pool's second rank is never compared with its first (a pool of 2 never diverges)"),
