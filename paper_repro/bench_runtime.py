@@ -279,6 +279,27 @@ def _training_pass(num_samples: int, window: int, budget: int) -> dict:
             "wait_s": loader.stats.wait_time_s, "wait_fraction": loader.stats.wait_time_s / total}
 
 
+def decision_targets(d: dict) -> tuple[dict, dict]:
+    """One `bench_decision.decision_at_scale` figure's targets, ``{name: [measured, met]}``, and for each an
+    explanation: each replayed round's median (the round a p99 comes from) and where the median goes, the parts'
+    medians (reading the N headers: decode + decide; the exchange's plan; the rest of the decision: this rank's
+    window, its partition and contract check, the release, the sends)."""
+    g = d["pool_size"]
+    at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}" + (
+        f" exchange (slack {d['exchange_slack']} bp)" if d.get("exchange") else "")
+    rest = d["decision"]["median_ms"] - d["replicated"]["median_ms"] - d["plan"]["median_ms"]
+    targets, explain = {}, {}
+    for k, v in bench_decision.TARGETS.items():
+        part, stat = k.split("_", 1)
+        name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
+        targets[name] = [round(d[part][stat], 3), d["verdicts"][k]]
+        explain[name] = ("rounds' medians " + ", ".join(f"{x:.2f}" for x in d[part]["round_medians_ms"]) +
+                         f" ms; the parts' medians: reading the N headers {d['replicated']['median_ms']:.3f}, the "
+                         f"plan {d['plan']['median_ms']:.3f}, the rest {rest:.3f} ms; reference workload just "
+                         f"before the replay {d['reference_ms_before_replay']:.1f} ms")
+    return targets, explain
+
+
 def main(out_dir) -> dict:
     """Measure the four figures (the module docstring), print them and the targets met or missed, write
     ``runtime_overhead.json`` into `out_dir`."""
@@ -305,22 +326,11 @@ def main(out_dir) -> dict:
         "wait_fraction < 0.02": [round(figures["training"]["wait_fraction"], 4),
                                  figures["training"]["wait_fraction"] < TARGETS["wait_fraction"]],
     }
-    # a decision miss: each replayed round's median (the round a p99 comes from), and where the median goes
     figures["explain"] = {}
     for d in (figures[k] for k in DECISIONS):
-        g = d["pool_size"]
-        at = f"at N={d['world']} W={d['window']}{f' pool_size={g}' if g > 1 else ''}" + (
-            f" exchange (slack {d['exchange_slack']} bp)" if d.get("exchange") else "")
-        rest = d["collect"]["median_ms"] - d["replicated"]["median_ms"] - d["plan"]["median_ms"]
-        for k, v in bench_decision.TARGETS.items():
-            part, stat = k.split("_", 1)
-            name = f"decision {part} {stat.replace('_ms', '')} {at} < {v:g} ms"
-            figures["targets"][name] = [round(d[part][stat], 3), d["verdicts"][k]]
-            figures["explain"][name] = "rounds' medians " + ", ".join(
-                f"{x:.2f}" for x in d[part]["round_medians_ms"]) + " ms; parts' medians: " + ", ".join(
-                f"{p} {d[p]['median_ms']:.3f}" for p in ("decode", "replicated", "plan")) + \
-                f" ms, the rest of collect {rest:.3f} ms; reference workload just before the replay " \
-                f"{d['reference_ms_before_replay']:.1f} ms"
+        targets, explain = decision_targets(d)
+        figures["targets"].update(targets)
+        figures["explain"].update(explain)
     m = figures["machine"]
     print(f"machine: {m['cpu_model']}, {m['cpus']} CPUs; reference workload (`paper_repro.cpu.reference_ms`) "
           f"{m['reference_ms_at_start']:.1f} ms at the start, {m['reference_ms_at_end']:.1f} ms at the end: "

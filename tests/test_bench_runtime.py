@@ -19,3 +19,20 @@ def test_the_loader_figures_timed_policy_emits_the_default_policys_batches():
     got = _batches(timed)
     assert got == _batches(None) and len(got) > 100
     assert timed.seconds > 0
+
+
+def test_a_missed_decision_target_is_explained_by_the_rounds_and_the_parts_that_take_the_time():
+    def part(median, p99, rounds=(0.5, 2.0)):
+        return {"median_ms": median, "p99_ms": p99, "round_medians_ms": list(rounds)}
+
+    d = {"world": 1024, "window": 128, "pool_size": 8, "exchange": True, "exchange_slack": 125,
+         "reference_ms_before_replay": 50.0, "decision": part(2.0, 3.0), "policy": part(0.6, 1.1),
+         "replicated": part(0.4, 0.8), "plan": part(0.9, 2.0),
+         "verdicts": {"policy_median_ms": True, "policy_p99_ms": True, "decision_median_ms": False,
+                      "decision_p99_ms": True}}
+    targets, explain = br.decision_targets(d)
+    name = "decision decision median at N=1024 W=128 pool_size=8 exchange (slack 125 bp) < 1 ms"
+    assert targets[name] == [2.0, False] and len(targets) == 4 and set(explain) == set(targets)
+    # where the 2.0 ms go: 0.4 reading the headers, 0.9 planning, 0.7 the rest; and which rounds
+    assert "rounds' medians 0.50, 2.00 ms" in explain[name]
+    assert "headers 0.400, the plan 0.900, the rest 0.700 ms" in explain[name]
