@@ -31,9 +31,10 @@ partition, the deal), ``decode`` (the N headers as the transport hands them, an 
 collective's return and its batches), ``replicated`` (``decode`` and `odb.core.replica.Replicated.decide`:
 what reads the N headers, the part that grows with N; the rest of ``decision`` is this rank's own window:
 its partition, the partition's contract check and the release of the last round's batches, the same work at
-any N), ``plan`` (with ``exchange``, inside ``collect``: the round exchange's plan of the previous round's batches
-across the N ranks, `odb.batching.exchange.plan_origins` and this rank's sends; 0 without), ``local`` (the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per
-sample).  Each part also gives each round's median over the passes
+any N), ``plan`` (with ``exchange``, inside ``collect``: the round exchange's plan of the previous round's
+batches across the N ranks, `odb.batching.exchange.plan_origins` and this rank's sends; 0 without), ``local``
+(the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per sample).  Each part also
+gives each round's median over the passes
 (``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N;
 the loss counts are reduced, not gathered (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
 """
