@@ -36,3 +36,8 @@ def test_a_missed_decision_target_is_explained_by_the_rounds_and_the_parts_that_
     # where the 2.0 ms go: 0.4 reading the headers, 0.9 planning, 0.7 the rest; and which rounds
     assert "rounds' medians 0.50, 2.00 ms" in explain[name]
     assert "headers 0.400, the plan 0.900, the rest 0.700 ms" in explain[name]
+    # the parts that read all N headers set a floor: 1.3 ms, over the target before this rank's own work
+    assert "the plan alone, 1.300 ms, are over the target by themselves" in explain[name]
+    d = dict(d, decision=part(1.2, 3.0), plan=part(0.1, 0.2))  # a miss the floor leaves room for
+    name_ok = br.decision_targets(d)[1][name]
+    assert "the plan alone, 0.500 ms, leave the rest 0.500 ms" in name_ok and "by themselves" not in name_ok

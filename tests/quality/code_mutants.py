@@ -562,6 +562,11 @@ MUTANTS: tuple[CodeMutant, ...] = (
                ("tests/test_bench_runtime.py::test_a_missed_decision_target_is_explained_by_the_rounds_and_the_parts_"
                 "that_take_the_time",),
                "a missed decision's explanation counts the plan twice: in its own part and in the rest"),
+    CodeMutant("decision_floor_without_the_plan", "paper_repro/bench_runtime.py",
+               'grows = d["replicated"]["median_ms"] + d["plan"]["median_ms"]', 'grows = d["replicated"]["median_ms"]',
+               ("tests/test_bench_runtime.py::test_a_missed_decision_target_is_explained_by_the_rounds_and_the_parts_"
+                "that_take_the_time",),
+               "the decision's floor leaves the plan out: a miss the plan alone explains is reported as room to spare"),
     CodeMutant("exchange_plan_time_not_counted", "odb/core/rank.py",
                "        self.stats.exchange_plan_s += time.perf_counter() - t0\n", "",
                ("tests/test_bench_decision.py::test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_"
