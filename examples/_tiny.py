@@ -1,9 +1,8 @@
 """A tiny randomly initialised causal LM and a tiny variable-length dataset (no download).
 
 Shared by the examples and by tests/test_integrations_*.py.  Every sample has
-``labels[0] = -100``: a causal LM never predicts position 0, and the ODB loader
-counts unshifted label tokens, so masking it keeps the loader's count equal to
-the number of targets the model averages over.
+``labels[0] = -100`` (a causal LM never predicts position 0; the loader counts
+``labels[1:]`` anyway, so this changes no count).
 """
 
 from __future__ import annotations

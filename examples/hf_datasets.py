@@ -21,7 +21,7 @@ from datasets.distributed import split_dataset_by_node  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from odb.integrations.hf import ODBTrainer  # noqa: E402
-from odb.runtime import pad_collate  # noqa: E402
+from odb.batching import pad_collate  # noqa: E402
 
 
 def main() -> None:

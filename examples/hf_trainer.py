@@ -12,7 +12,6 @@ from _tiny import TinyDataset, tiny_llama  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from odb.integrations.hf import ODBTrainer  # noqa: E402
-from odb.runtime import pad_collate  # noqa: E402
 
 
 def main() -> None:
@@ -20,7 +19,7 @@ def main() -> None:
     args = TrainingArguments(output_dir=out, num_train_epochs=2, learning_rate=3e-3, warmup_steps=0.1,
                              gradient_accumulation_steps=2, use_cpu=True, ddp_backend="gloo", report_to=[],
                              save_strategy="no", logging_steps=5, disable_tqdm=True)
-    trainer = ODBTrainer(model=tiny_llama(0), args=args, train_dataset=TinyDataset(64), data_collator=pad_collate,
+    trainer = ODBTrainer(model=tiny_llama(0), args=args, train_dataset=TinyDataset(64),
                          odb_loader_kwargs={"token_budget": 64, "buffer_size": 8, "timeout_s": 60})
     trainer.train()
     p = trainer.odb_progress

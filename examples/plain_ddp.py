@@ -49,7 +49,7 @@ def main() -> None:
     stream = TrainStream(loader, 1 if join else a.accum, max_samples=None if join else budget)
     sched = sample_scheduler(opt, stream.progress, lambda s: min(1.0, (s + 1) / 16) * max(0.0, 1 - s / budget))
     while not stream.done and stream.progress.epoch < a.epochs:
-        with join_context(model, loader.mode):  # DDP Join in mode "join"; nothing otherwise
+        with join_context(model, loader):  # DDP Join in mode "join"; nothing otherwise
             for ms in stream.epoch():
                 no_sync = model.no_sync() if (world > 1 and not ms.sync) else contextlib.nullcontext()
                 with no_sync:

@@ -1,4 +1,4 @@
-"""Issue 15's targets over every committed scale grid at once: the tally the README quotes.
+"""Issue 15's targets over every committed scale grid at once: the tally the results pages show.
 
     python -m paper_repro.scale_targets [RESULTS_DIR]
 

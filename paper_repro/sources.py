@@ -170,10 +170,9 @@ class ODBBatches:
         self.loader.close()
 
     def join_context(self, ddp):
-        if self.mode == "join":
-            from torch.distributed.algorithms import Join
-            return Join([ddp])
-        return contextlib.nullcontext()
+        from odb.integrations import join_context
+
+        return join_context(ddp, self.loader)  # DDP Join in mode "join" (the loader refuses it without)
 
     def epoch(self, e: int):
         if hasattr(self.loader, "set_epoch"):

@@ -118,7 +118,7 @@ def run_hf(out_dir: str, exchange: bool = False) -> dict:
             return control
 
     def make(out, key, **extra):
-        args = TrainingArguments(output_dir=out, per_device_train_batch_size=1, num_train_epochs=2,
+        args = TrainingArguments(output_dir=out, num_train_epochs=2,
                                  learning_rate=LR, gradient_accumulation_steps=GA, use_cpu=True, report_to=[],
                                  save_strategy="no", logging_strategy="no", disable_tqdm=True,
                                  lr_scheduler_type="linear", warmup_steps=0.0, optim="sgd", max_grad_norm=0.0,
@@ -233,7 +233,7 @@ def run_plain(out_dir: str) -> dict:
         epoch_iter = stream.epoch
         sync_ctx = (lambda ms: contextlib.nullcontext() if ms.sync or world == 1 else model.no_sync())
         loop(rec, key, epoch_iter, model, net, opt, sched, lambda loss, ms: (loss * ms.loss_weight).backward(),
-             sync_ctx, lambda: join_context(model, loader.mode), stream.progress, lambda: stream.done,
+             sync_ctx, lambda: join_context(model, loader), stream.progress, lambda: stream.done,
              stop_after, on_stop)
 
     parts = build()

@@ -184,6 +184,7 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     returns its final state), sharding ("auto" | "fixed" | "dealt"), exchange (bool), pool (pool_size).
     """
     import odb
+    from odb.integrations import join_context
 
     lengths = spec["lengths"]
     shards = spec.get("shards")
@@ -207,27 +208,34 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     for epoch in range(spec.get("epochs", 1)):
         if epoch:
             loader.set_epoch(epoch)
-        for k, batch in enumerate(loader):
-            info = odb.pop_step_info(batch)
-            ids = batch["id"][:, 0].tolist() if not info.filler else []
-            steps.append({"indices": list(info.indices), "ids": ids, "filler": info.filler,
-                          "scale": info.loss_scale, "gs": info.global_samples, "ls": info.local_samples,
-                          "gt": info.global_tokens, "lt": info.local_tokens, "gl": info.global_label_tokens,
-                          "ll": info.local_label_tokens, "epoch": epoch})
-            if spec.get("die_at") == k and rank == spec.get("die_rank", 0):
-                os._exit(3)
-            if spec.get("stall_at") == k and rank == spec.get("stall_rank", 0):
-                time.sleep(spec["stall_s"])
-            if spec.get("save_at") == k:
-                out["state"] = loader.state_dict()
-                break
-            if spec.get("break_at") == k and spec.get("break_rank", rank) == rank:
-                break
+        with join_context(None, loader):  # JOIN: no model collective here; the loader requires the context
+            _scenario_pass(rank, spec, loader, epoch, steps, out)
     if spec.get("save_at") is not None and "state" not in out:  # JOIN: this rank's data ended before the save
         out["state"] = loader.state_dict()
     out.update(steps=steps, stats=loader.stats.as_dict())
     loader.close()
     return out
+
+
+def _scenario_pass(rank: int, spec: dict, loader, epoch: int, steps: list, out: dict) -> None:
+    import odb
+
+    for k, batch in enumerate(loader):
+        info = odb.pop_step_info(batch)
+        ids = batch["id"][:, 0].tolist() if not info.filler else []
+        steps.append({"indices": list(info.indices), "ids": ids, "filler": info.filler,
+                      "scale": info.loss_scale, "gs": info.global_samples, "ls": info.local_samples,
+                      "gt": info.global_tokens, "lt": info.local_tokens, "gl": info.global_label_tokens,
+                      "ll": info.local_label_tokens, "epoch": epoch})
+        if spec.get("die_at") == k and rank == spec.get("die_rank", 0):
+            os._exit(3)
+        if spec.get("stall_at") == k and rank == spec.get("stall_rank", 0):
+            time.sleep(spec["stall_s"])
+        if spec.get("save_at") == k:
+            out["state"] = loader.state_dict()
+            return
+        if spec.get("break_at") == k and spec.get("break_rank", rank) == rank:
+            return
 
 
 def build_and_run(rank: int, world_size: int, kwargs_per_rank: list) -> int:
@@ -237,6 +245,6 @@ def build_and_run(rank: int, world_size: int, kwargs_per_rank: list) -> int:
 
     loader = odb.ODBDataLoader(Samples(make_lengths(60, seed=1, lo=2, hi=40)), 128, id_collate, timeout_s=5,
                                **kwargs_per_rank[rank])
-    n = sum(1 for _ in loader)
+    n = sum(1 for b in loader if odb.pop_step_info(b))
     loader.close()
     return n

@@ -249,7 +249,7 @@ def _other_rule(rank, world_size, trace_dir):
 
     loader = odb.ODBDataLoader(Samples(make_lengths(60, 9, lo=2)), 128, id_collate, buffer_size=8,
                                policy=BalancedPolicy(), trace_dir=trace_dir, timeout_s=30)
-    n = sum(1 for _ in loader)
+    n = sum(1 for _ in map(odb.pop_step_info, loader))
     loader.close()
     return n
 

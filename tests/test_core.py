@@ -271,7 +271,7 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
                         replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
                                            epoch=0),
                         layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
-                        template=lambda: None, traced=traced)
+                        template=lambda _fallback: None, traced=traced)
 
     def run(c):
         seen, traces = [], []

@@ -29,14 +29,16 @@ def _loader_batches(rank, world_size, spec):
     """Every batch the loader emits on this rank (dataset indices, None for a filler); ``spec`` gives W, mode and
     sharding, and optionally ``lengths`` and ``drop`` (default: `LENGTHS` less `DROPS`)."""
     import odb
+    from odb.integrations import join_context
 
     data = Samples(spec.get("lengths", LENGTHS), drop=spec.get("drop", DROPS))
     loader = odb.ODBDataLoader(data, BUDGET, id_collate, buffer_size=spec["W"], mode=spec["mode"],
                                sharding=spec["sharding"], seed=5, timeout_s=60)
     out = []
-    for batch in loader:
-        info = odb.pop_step_info(batch)
-        out.append(None if info.filler else list(info.indices))
+    with join_context(None, loader):  # JOIN: no model collective here
+        for batch in loader:
+            info = odb.pop_step_info(batch)
+            out.append(None if info.filler else list(info.indices))
     loader.close()
     return out
 

@@ -53,6 +53,6 @@ def test_hf_trainer_rejects_unmasked_first_label_of_a_causal_lm(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
                              disable_tqdm=True, num_train_epochs=1)
     t = ODBTrainer(model=tiny_llama(), args=args, train_dataset=Unmasked(8), data_collator=pad_collate,
-                   odb_loader_kwargs={"token_budget": 64, "timeout_s": 30})
+                   odb_loader_kwargs={"token_budget": 64, "timeout_s": 30, "shift_labels": False})
     with pytest.raises(ConfigError, match="labels"):
         t.train()

@@ -31,7 +31,7 @@ LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_pr
 def _config(out: str, world: int, **extra):
     from trl import SFTConfig
 
-    kw = dict(output_dir=out, per_device_train_batch_size=1, num_train_epochs=2, learning_rate=LR,
+    kw = dict(output_dir=out, num_train_epochs=2, learning_rate=LR,
               gradient_accumulation_steps=GA, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
               disable_tqdm=True, lr_scheduler_type="linear", warmup_steps=0.0, optim="sgd", max_grad_norm=0.0, seed=0,
               bf16=False, activation_checkpointing=False, max_length=None, ddp_backend="gloo" if world > 1 else None)

@@ -124,15 +124,26 @@ def test_filler_sample_over_the_budget_is_refused_at_construction():
         odb.ODBDataLoader(Samples([5] * 4), 100, id_collate, filler_sample={"input_ids": [1] * 2000})
 
 
-def test_a_rank_that_saw_no_sample_within_budget_builds_fillers_from_one_that_fits():
-    from odb.runtime.epoch_pass import first_usable as _first_usable
+def test_a_rank_that_saw_no_sample_within_budget_builds_fillers_from_one_that_fits_or_a_cut_one():
+    from odb.runtime.epoch_pass import filler_template
 
     ds = Samples([2000, 3000, 10, 20])
     loader = odb.ODBDataLoader(ds, 512, id_collate, buffer_size=4)
-    assert len(_first_usable(ds, [0, 1, 2, 3], loader._fits)["input_ids"]) == 10
-    with pytest.raises(odb.SampleError, match="over the budget"):
-        _first_usable(ds, [0, 1], loader._fits)
+    assert len(filler_template(loader, [0, 1, 2, 3])(None)["input_ids"]) == 10
+    # defect (issue 49): only over-budget samples -> "no sample to build a PAD filler batch"; now the
+    # cheapest one is cut to the budget, every label ignored
+    cut = filler_template(loader, [0, 1])(None)
+    assert len(cut["input_ids"]) == 512 and loader._fits(cut)
+    cut = filler_template(loader, [0, 1])({"input_ids": list(range(700)), "labels": list(range(700))})
+    assert len(cut["input_ids"]) == 512 and cut["labels"] == [-100] * 512
     loader.close()
+    images = Plain(2, lambda i: {"input_ids": [1] * 700, "pixel_values": torch.zeros(4, 3)})
+    with odb.ODBDataLoader(images, 512, id_collate, buffer_size=4) as loader:
+        with pytest.raises(odb.SampleError, match="cannot be cut.*filler_sample=.*mode='join'"):
+            filler_template(loader, [0, 1])(images[0])
+    with odb.ODBDataLoader(images, 512, id_collate, buffer_size=4, exchange=True) as loader:
+        with pytest.raises(odb.SampleError, match=r"filler_sample=<[^>]*>$"):  # join would be refused: not named
+            filler_template(loader, [0, 1])(images[0])
 
 
 # -- epochs and passes --------------------------------------------------------------------------------------------
@@ -395,7 +406,7 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
     core = RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
                     replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None, epoch=0),
                     layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
-                    template=lambda: None)
+                    template=lambda _fallback: None)
     read_at_post = []
 
     def status():  # the consumer stops right after the post row read quit = 0

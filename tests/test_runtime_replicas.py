@@ -69,7 +69,7 @@ def _epochs(rank, world_size, sharding):
     loader.set_epoch(rank)  # rank 0 at epoch 0, rank 1 at epoch 1: different orders
     got = 0
     try:
-        for _ in loader:
+        for _ in map(odb.pop_step_info, loader):
             got += 1
     finally:
         loader.close()
@@ -111,7 +111,7 @@ def _diverge(rank, world_size, spec):
         loader._aheads = (loader._aheads[0] + 5,) + loader._aheads[1:]  # a seeded rank-local perturbation
     steps = 0
     try:
-        for _ in loader:
+        for _ in map(odb.pop_step_info, loader):
             steps += 1
     finally:
         loader.close()
@@ -197,7 +197,7 @@ def _masked(rank, world_size):
     loader = odb.ODBDataLoader(NoLabels(), 64, id_collate, buffer_size=8, timeout_s=30)
     steps = 0
     try:
-        for _ in loader:
+        for _ in map(odb.pop_step_info, loader):
             steps += 1
     except odb.SampleError as e:
         return steps, str(e)
@@ -253,7 +253,7 @@ def _dead_worker(rank, world_size):
                                timeout_s=120, sharding="fixed", shuffle=False)
     t0 = time.monotonic()
     try:
-        for _ in loader:
+        for _ in map(odb.pop_step_info, loader):
             pass
     except Exception as e:  # noqa: BLE001 - reported to the test
         return type(e).__name__, time.monotonic() - t0, str(e)[:300]
@@ -301,7 +301,7 @@ def _policy_bug(rank, world_size, trace_dir, method):
                                policy=_failing_policy(rank, method), trace_dir=trace_dir)
     assert loader.sharding == "dealt"  # the intake bound is posted only when dealing
     try:
-        for _ in loader:
+        for _ in map(odb.pop_step_info, loader):
             pass
     except Exception as e:  # noqa: BLE001 - reported to the test
         return type(e).__name__, str(e).splitlines()[0]

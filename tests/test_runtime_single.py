@@ -296,8 +296,10 @@ def test_a_break_ends_the_pass_through_return_abort(tmp_path):
     assert rows["return_abort"] == 1 and rows["post_header"] == rows["return_go"] + 1
     with pytest.raises(AssertionError, match="aborted=True"):
         assert_conformant(str(tmp_path))
-    seen += [i for info in ids_of(loader) for i in info.indices]  # the next pass emits the rest of the epoch
-    assert sorted(seen) == list(range(50))
+    # the next pass starts the epoch again, as torch's DataLoader does (issue 49: continuing it lost the
+    # samples of a peeked batch)
+    again = [i for info in ids_of(loader) for i in info.indices]
+    assert sorted(again) == list(range(50)) and set(seen) < set(again)
     loader.close()
 
 

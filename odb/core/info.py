@@ -1,19 +1,21 @@
 """What the loader tells the trainer about each batch, and its running counters.
 
-`StepInfo` rides inside every batch under ``STEP_INFO_KEY`` until
-`pop_step_info` removes it; `LoaderStats` is the loader's ``stats``.
+`StepInfo` rides on every batch as an attribute, never as a key (so ``model(**batch)`` cannot swallow it),
+until `pop_step_info` takes it; `LoaderStats` is the loader's ``stats``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, MutableMapping
+from typing import Any
 
 from ..errors import SampleError
 
-__all__ = ["StepInfo", "LoaderStats", "pop_step_info", "STEP_INFO_KEY", "LOSS_BASES"]
+__all__ = ["StepInfo", "LoaderStats", "StepBatch", "Receipts", "pop_step_info", "attach_step_info", "STEP_INFO_ATTR",
+           "LOSS_BASES"]
 
-STEP_INFO_KEY = "odb_step_info"
+STEP_INFO_ATTR = "odb_step_info"  # the attribute of a batch that holds its StepInfo until pop_step_info
+_RECEIPT_ATTR = "_odb_receipts"
 
 # loss_basis -> slot of the per-batch count triple (tokens, label tokens, samples)
 LOSS_BASES = {"tokens": 0, "label_tokens": 1, "samples": 2}
@@ -28,13 +30,14 @@ class StepInfo:
         for a filler.
     :param filler: True for a zero-weight PAD filler (built from a real sample;
         its loss must be multiplied by ``loss_scale == 0``).
-    :param local_samples / global_samples: real samples in this batch / in
-        this step's batches of every rank.
-    :param local_tokens / global_tokens: tokens (resource 0 of the sizes).
-    :param local_label_tokens / global_label_tokens: label positions that are
-        not -100: of ``labels`` as given, or of each sample's ``labels[1:]``
-        with the loader's ``shift_labels=True`` (what a causal LM's loss
-        averages over).
+    :param local_samples: real samples in this batch.
+    :param global_samples: real samples in this step's batches of every rank.
+    :param local_tokens: tokens in this batch (resource 0 of the sizes).
+    :param global_tokens: tokens in this step's batches of every rank.
+    :param local_label_tokens: label positions that are not -100 in this batch:
+        of each sample's ``labels[1:]`` with the loader's ``shift_labels=True``
+        (the default: what a causal LM's loss averages over), else of ``labels``.
+    :param global_label_tokens: the same, over this step's batches of every rank.
     :param loss_scale: ``world_size * local_basis / global_basis`` for the
         loader's ``loss_basis``; 0 for a filler and when ``global_basis == 0``.
         Multiply the rank's mean loss by it: DDP's gradient mean over
@@ -79,18 +82,56 @@ def step_info(indices: tuple, filler: bool, local_samples: int, global_samples: 
 _new, _set = object.__new__, object.__setattr__
 
 
-def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
-    """Remove and return the `StepInfo` that the loader put in `batch`.
+class Receipts:
+    """How many of one pass's batches had their `StepInfo` taken by `pop_step_info` (the pass reads it to
+    refuse a loop that never weights its loss)."""
 
-    Raises `SampleError` if `batch` carries none (it did not come from an
-    `ODBDataLoader`, or the info was popped already).
+    __slots__ = ("taken",)
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+
+class StepBatch(dict):
+    """A collated batch: the ``dict`` that ``collate_fn`` returned, with its `StepInfo` as an attribute.
+
+    ``model(**batch)`` passes only the keys.  A copy (``{k: v.to(dev) for k, v in batch.items()}``) drops the
+    info, and `pop_step_info` on the copy then raises; take the info first.
     """
-    try:
-        return batch.pop(STEP_INFO_KEY)
-    except (KeyError, AttributeError, TypeError):
+
+    __slots__ = (STEP_INFO_ATTR, _RECEIPT_ATTR)
+
+
+def attach_step_info(batch: Any, info: StepInfo, receipts: Receipts) -> Any:
+    """`batch` carrying `info` (a plain dict becomes a `StepBatch`; another mapping gets the attribute).
+    Raises TypeError when the mapping takes no attributes."""
+    if type(batch) is dict:
+        batch = StepBatch(batch)
+    setattr(batch, STEP_INFO_ATTR, info)
+    setattr(batch, _RECEIPT_ATTR, receipts)
+    return batch
+
+
+def pop_step_info(batch: Any) -> StepInfo:
+    """Take the `StepInfo` that the loader attached to `batch` (once per batch).
+
+    Weight the batch's loss by ``info.loss_scale`` (`odb.integrations.weighted_loss`).  On more than one
+    rank the loader counts the batches whose info was taken: a pass in which none was taken by its 64th
+    batch, or by its end, raises `ConfigError` (an unweighted loss trains PAD fillers at full weight).
+    Raises `SampleError` if `batch` carries none (it did not come from an `ODBDataLoader`, it is a copy
+    of one, or its info was taken already).
+    """
+    info = getattr(batch, STEP_INFO_ATTR, None)
+    if not isinstance(info, StepInfo):
         raise SampleError(
-            f"batch has no {STEP_INFO_KEY!r} entry (type {type(batch).__name__}); pop_step_info takes a "
-            "batch yielded by odb.ODBDataLoader, once") from None
+            f"batch (type {type(batch).__name__}) carries no {STEP_INFO_ATTR!r}: pop_step_info takes a batch "
+            "yielded by odb.ODBDataLoader, once, before copying it (a copy, e.g. {k: v.to(device) for k, v in "
+            "batch.items()}, does not carry it)")
+    setattr(batch, STEP_INFO_ATTR, None)
+    receipts = getattr(batch, _RECEIPT_ATTR, None)
+    if receipts is not None:
+        receipts.taken += 1
+    return info
 
 
 @dataclass
@@ -111,6 +152,7 @@ class LoaderStats:
     empty: int = 0              # length 0 (skipped, counted)
     oversize: int = 0           # over the budget (emitted alone with oversize="alone")
     oversize_skipped: int = 0   # over the budget and skipped (oversize="skip")
+    oversize_worst: tuple = ()  # (cost / budget, sizes, dataset index) of the costliest over-budget sample seen
     zero_label_steps: int = 0   # loss_basis="label_tokens": steps with tokens but no label token on any rank
                                 # (loss_scale 0 there: nothing to learn from)
     unemitted: int = 0          # QUOTA: samples left when the epoch stopped
@@ -165,6 +207,7 @@ class LoaderStats:
         for k, v in asdict(self).items():
             if isinstance(v, (int, float)):
                 setattr(out, k, v - getattr(before, k))
+        out.oversize_worst = self.oversize_worst  # a maximum, not a counter: the one seen so far
         return out
 
     def snapshot(self) -> "LoaderStats":

@@ -124,8 +124,9 @@ class RankCore:
         error, which becomes this rank's local error), ``pulled`` (raw items returned this pass),
         ``dry`` (dealt sharding: its keys ran dry), ``remaining() -> list | None`` (indices not
         read yet, for QUOTA's count).
-    :param template: returns a sample to build PAD fillers from when the rank has seen none within
-        the budget (may raise).
+    :param template: ``template(fallback)`` returns a sample to build PAD fillers from when the rank has
+        seen none within the budget; ``fallback`` is the cheapest over-budget sample it saw (None if none);
+        may raise.
     :param oversize: "alone" | "skip" | "error".
     :param loss_slot: the `odb.core.info.LOSS_BASES` slot ``loss_scale`` divides by.
     :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.pool`): this rank's lane in its pool;
@@ -185,6 +186,8 @@ class RankCore:
         self._steps = 0                  # batches released (StepInfo.step)
         self._template: Any = None       # the cheapest sample within budget seen (fillers replay it)
         self._template_cost = 0
+        self._fallback: Any = None       # while none fits: the cheapest over-budget one (the template cuts it)
+        self._fallback_cost = 0
         self._labels_seen = self._samples_seen = 0  # gathered, this pass
         self._ended = False
 
@@ -350,6 +353,9 @@ class RankCore:
             fits = self.cost.fits([sizes])
             if not fits:
                 self.stats.oversize += 1
+                use = self.cost.utilisation([sizes])
+                if not self.stats.oversize_worst or use > self.stats.oversize_worst[0]:
+                    self.stats.oversize_worst = (use, sizes, index)
                 if self.oversize == "error":
                     raise SampleError(
                         f"rank {self.rank}: dataset index {index} has sizes {sizes}, over the budget of cost "
@@ -364,6 +370,8 @@ class RankCore:
             if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
                 if self._template is None or c < self._template_cost:
                     self._template, self._template_cost = sample, c
+            elif self._template is None and (self._fallback is None or c < self._fallback_cost):
+                self._fallback, self._fallback_cost = sample, c
             return Item(pos, index, sample, sizes, labels)
 
     # -- effects ----------------------------------------------------------------------
@@ -396,7 +404,7 @@ class RankCore:
     def _filler(self, lane: int = 0) -> Batch:
         if self._template is None and self._quit() == OK:
             try:
-                self._template = self._template_fn()
+                self._template = self._template_fn(self._fallback)
             except Exception as e:  # no sample to build a filler from: stop through the table
                 self._fail(e)
         return Batch([self._template], (), None, (), (0, 0, 0), lane=lane)

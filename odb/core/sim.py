@@ -190,7 +190,7 @@ class _Setting:
         rep = replica(self.shared, world_size=self.pools, aheads=self.aheads, policy=pol, order=order, epoch=0)
         core = RankCore(rank=r, world_size=self.n, mode=MODES[self.mode], policy=pol, cost=self.cost, replica=rep,
                         layout=self.layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[self.loss_basis],
-                        stats=LoaderStats(), template=lambda: None, lane=lane, traced=False)
+                        stats=LoaderStats(), template=lambda _fallback: None, lane=lane, traced=False)
         return core, pol, order
 
 

@@ -46,7 +46,7 @@ BASIS_FIELDS = {
 
 def option(options: Any, name: str, default: Any = None) -> Any:
     """A setting of an adapter's ``odb_loader_kwargs``: a dict of `odb.ODBDataLoader` keywords or a
-    `odb.runtime.settings.LoaderSettings`."""
+    `odb.LoaderSettings`."""
     if isinstance(options, dict):
         return options.get(name, default)
     return getattr(options, name, default)
@@ -161,15 +161,16 @@ def micro_steps(loader: Iterable, accumulation_steps: int = 1, *, loss_basis: st
             "(equal step counts, fillers) for gradient accumulation, or accumulation_steps=1")
     it = iter(loader)
     while True:
-        window = []
+        window, infos = [], []
         for _ in range(k):
             try:
-                window.append(next(it))
+                b = next(it)
             except StopIteration:
                 break
+            window.append(b)
+            infos.append(pop_step_info(b))  # as it arrives: the loader counts the batches whose info was taken
         if not window:
             return
-        infos = [pop_step_info(b) for b in window]
         weights = window_weights(infos, basis, world)
         last = len(window) - 1
         for j, (b, info, w) in enumerate(zip(window, infos, weights)):
@@ -183,8 +184,8 @@ class TrainProgress:
     """Training progress counted in what the loader emitted; identical on every rank.
 
     ``samples`` (global real samples of finished micro-steps) drives the LR
-    schedule and the sample budget; ``optimizer_steps`` and ``epoch`` are kept
-    for logging and resume.
+    schedule and the sample budget; ``optimizer_steps`` and ``epoch`` (passes
+    whose last batch was consumed) are kept for logging and resume.
     """
 
     samples: int = 0
@@ -271,22 +272,34 @@ def grad_sync(model: torch.nn.Module, sync: bool):
         yield
 
 
-def join_context(model: torch.nn.Module, mode: str):
-    """``torch.distributed.algorithms.Join([model])`` in JOIN mode, else a null context.
+@contextlib.contextmanager
+def join_context(model: torch.nn.Module | None, loader):
+    """The context a loop over `loader` runs in: DDP ``Join`` around `model` in JOIN mode, nothing otherwise.
 
-    JOIN mode lets ranks run out of batches at different steps; a DDP model
-    must then shadow the collectives of the ranks still training.  PAD and QUOTA
-    modes emit equal step counts and need nothing (and work with FSDP: see `grad_sync`).
-    """
-    if mode != "join":
-        return contextlib.nullcontext()
-    import torch.distributed as dist
+    JOIN mode lets ranks run out of batches at different steps; a DDP model must then shadow the
+    collectives of the ranks still training (``torch.distributed.algorithms.Join([model])``).  The loader
+    refuses to iterate in JOIN mode on more than one rank outside this context (the rank whose data ends
+    first would leave its peers blocked in the gradient all-reduce).  ``model=None``: the loop runs no
+    collective of its own (it only reads data).  PAD and QUOTA modes emit equal step counts and need
+    nothing (and work with FSDP: see `grad_sync`)."""
+    if isinstance(loader, str):
+        raise ConfigError("join_context(model, loader) takes the ODBDataLoader itself (it marks the loader as "
+                          f"wrapped), not its mode {loader!r}")
+    mode = loader_setting(loader, "mode")
+    if mode != "join" or loader_setting(loader, "world_size") == 1:
+        yield
+        return
     from torch.distributed.algorithms import Join
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return contextlib.nullcontext()
-    return Join([model], throw_on_early_termination=False)
-
+    loader.joined += 1
+    try:
+        if model is None:
+            yield
+        else:
+            with Join(list(model) if isinstance(model, (list, tuple)) else [model], throw_on_early_termination=False):
+                yield
+    finally:
+        loader.joined -= 1
 
 
 class TrainStream:
@@ -296,7 +309,10 @@ class TrainStream:
     so a restored stream continues where it stopped, and a finished epoch moves
     on to the next).  A micro-step is *consumed* when it is yielded
     (``consume_on_yield=True``, for loops that train each batch before asking
-    for the next) or when `consume` is called (for frameworks that prefetch).
+    for the next) or when `consume` is called (for frameworks that prefetch);
+    ``progress.epoch`` counts a pass when its last batch is consumed (the stream
+    reads one batch ahead to know which is last), so a run that stops on its
+    sample budget at an epoch's last batch counts that epoch.
     `state_dict` describes the consumed position: the loader state snapshotted
     at the start of the window that the consumer has reached.  It can be taken
     at optimizer-step boundaries (window starts), which is where frameworks
@@ -317,7 +333,8 @@ class TrainStream:
         self.progress = progress if progress is not None else TrainProgress()
         self._pulled = 0        # batches pulled from the loader in the current epoch
         self._consumed = 0      # micro-steps consumed in the current epoch
-        self._snap: tuple[int, dict] | None = None  # (window start, loader state before pulling it)
+        self._last: int | None = None  # the current epoch's number of batches, once its last was pulled
+        self._snaps: dict[int, dict] = {}  # window start -> loader state before pulling it (the last two)
 
     @property
     def done(self) -> bool:
@@ -325,32 +342,46 @@ class TrainStream:
         return self.max_samples is not None and self.progress.samples >= self.max_samples
 
     def epoch(self) -> Iterator[MicroStep]:
-        """One epoch of micro-steps (see class doc); ``progress.epoch`` advances when it ends."""
+        """One epoch of micro-steps (see class doc); ``progress.epoch`` advances when its last is consumed."""
         if self.loader.epoch != self.progress.epoch:
             self.loader.set_epoch(self.progress.epoch)
+        epoch = self.progress.epoch
         self._pulled = self._consumed = 0
-        self._snap = None
+        self._last, self._snaps = None, {}
         for ms in micro_steps(self._pull(), self.k, loss_basis=self.loader.loss_basis,
                               world_size=self.loader.world_size, mode=self.loader.mode):
             if self.consume_on_yield:
                 self.consume(ms)
             yield ms
-        self.progress.epoch += 1
-        self._pulled = self._consumed = 0
-        self._snap = None
+        if self.progress.epoch == epoch and self._last == 0:  # a pass without a batch ends here
+            self.progress.epoch += 1
+        # the counters stay until the next epoch() begins: a prefetching framework consumes the last
+        # micro-steps after this generator has ended
 
     def _pull(self):
-        # Snapshot the loader state before the first batch of every window is pulled.
+        # One batch ahead, to know which batch is the pass's last; the loader state is snapshotted before
+        # the first batch of every window is pulled.  The consumer is at most one window and one batch
+        # behind (micro_steps holds a window, this generator one batch more), so the last two snapshots
+        # hold the one of every window start it can reach.
         it = iter(self.loader)
-        while True:
+
+        def fetch():
             if self._pulled % self.k == 0:
-                self._snap = (self._pulled, self.loader.state_dict())
+                self._snaps[self._pulled] = self.loader.state_dict()
+                if len(self._snaps) > 2:
+                    del self._snaps[min(self._snaps)]
             try:
                 b = next(it)
             except StopIteration:
-                return
+                self._last = self._pulled
+                return None
             self._pulled += 1
+            return b
+        b = fetch()
+        while b is not None:
+            ahead = fetch()
             yield b
+            b = ahead
 
     def consume(self, ms: MicroStep) -> None:
         """Mark the next micro-step consumed: counts its samples, and an optimizer step if ``ms.sync``
@@ -359,13 +390,15 @@ class TrainStream:
         self.progress.advance(ms.info)
         if ms.sync:
             self.progress.optimizer_steps += 1
+        if self._consumed == self._last:
+            self.progress.epoch += 1
 
     def state_dict(self) -> dict:
         """This rank's state at the consumed position (see class doc)."""
         if self._consumed == self._pulled:
             loader_state = self.loader.state_dict()
-        elif self._snap is not None and self._snap[0] == self._consumed:
-            loader_state = self._snap[1]
+        elif self._consumed in self._snaps:
+            loader_state = self._snaps[self._consumed]
         else:
             raise ConfigError(
                 f"ODB state requested in the middle of an accumulation window ({self._consumed} micro-steps "
@@ -387,7 +420,6 @@ class TrainStream:
         self.progress.load_state_dict(sd.pop("progress"))
         if sd:
             raise ConfigError(f"TrainStream state has unexpected keys {sorted(sd)}")
-
 
 
 def gather_rank_states(local: dict) -> dict:
@@ -417,7 +449,7 @@ def own_rank_state(sd: dict, rank: int, world_size: int) -> dict:
 
 def resharded_state(states: list, rank: int, world_size: int) -> dict:
     """The `TrainStream` state of `rank` of `world_size` from every rank's `TrainStream.state_dict` at one
-    checkpoint of a run with any number of ranks: the loaders' states merged (`odb.runtime.merge_states`:
+    checkpoint of a run with any number of ranks: the loaders' states merged (`odb.merge_states`:
     refused for a sampler's or a stream's, for a missing rank, for states of different steps) and the
     progress, which every rank holds alike (refused if it differs)."""
     from ..runtime.ledger import merge_states

@@ -94,8 +94,18 @@ class ODBAccelerate:
         if self.loader.mode != "join":
             return contextlib.nullcontext()
         if self.accelerator.multi_device:
-            return self.accelerator.join_uneven_inputs([model], even_batches=False)
-        return join_context(model, "join")
+            return self._joined(self.accelerator.join_uneven_inputs([model], even_batches=False))
+        return join_context(model, self.loader)
+
+    @contextlib.contextmanager
+    def _joined(self, ctx):
+        """`ctx` (accelerate's Join), the loader marked as wrapped (`odb.integrations.join_context`)."""
+        self.loader.joined += 1
+        try:
+            with ctx:
+                yield
+        finally:
+            self.loader.joined -= 1
 
     def scheduler(self, optimizer, lr_lambda: Callable[[int], float]):
         """A LambdaLR with multiplier ``lr_lambda(samples consumed)``; pass it to ``prepare`` or not."""

@@ -3,8 +3,7 @@
 Use `ODBTrainer` in place of `Trainer`, `ODBSeq2SeqTrainer` in place of `Seq2SeqTrainer`, or put `ODBTrainerMixin`
 first in the bases of any other Trainer subclass (for TRL's ``SFTTrainer``: `odb.integrations.trl.ODBSFTTrainer`)::
 
-    trainer = ODBTrainer(model=model, args=args, train_dataset=ds, data_collator=collate,
-                         odb_loader_kwargs={"token_budget": 4096, "mode": "pad"})
+    trainer = ODBTrainer(model=model, args=args, train_dataset=ds, odb_loader_kwargs={"token_budget": 4096})
     trainer.train()
 
 What the mixin changes, all through the Trainer's public override points (`get_train_dataloader`,
@@ -20,23 +19,27 @@ class is patched (`ODBTrainerMixin` gives the rules):
 Limits: mode ``"join"`` is refused (`ConfigError`): the Trainer has no public hook that wraps its loop in DDP
 ``Join``; use ``"pad"`` (default) or ``"quota"``.  ``auto_find_batch_size`` and hyperparameter search are not
 supported.  Columns are not removed from a ``datasets.Dataset`` (the collate function must build model inputs
-itself).  For a causal LM with ``loss_basis="label_tokens"`` the loader must count labels as the shifted loss sees
-them: pass ``shift_labels=True`` in ``odb_loader_kwargs`` (counts ``labels[1:]``), or keep the default and set
-``labels[0] = -100`` in every sample (position 0 is never a prediction target); with the default, the latter is
-checked per batch, `ConfigError` otherwise.
+itself).  Without a ``data_collator`` of yours the batches are `odb.batching.pad_collate`'s (the Trainer's default
+collators cannot batch variable-length labels).  ``per_device_train_batch_size`` must stay at its default (the
+token budget sizes each batch).  Label tokens are counted as the model's loss sees them: ``labels[1:]`` of each
+sample (a causal LM shifts labels), or as given for an encoder-decoder model; a causal LM with
+``shift_labels=False`` must set ``labels[0] = -100`` in every sample, checked per batch (`ConfigError` otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import sys
 import warnings
 
 import torch
-from transformers import ProgressCallback, Seq2SeqTrainer, Trainer, TrainerCallback
+from transformers import (DataCollatorWithPadding, ProgressCallback, Seq2SeqTrainer, Trainer, TrainerCallback,
+                          default_data_collator)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from ..batching.collate import pad_collate
 from ..errors import ConfigError
 from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, resharded_state,
                       sample_scheduler, weighted_loss, window_weights)
@@ -160,8 +163,9 @@ class ODBTrainerMixin:
     """Trainer mixin: the train loader is an `odb.ODBDataLoader` (the rules below).
 
     Extra keyword arguments: ``odb_loader_kwargs`` (a dict passed to
-    `odb.ODBDataLoader`, or an `odb.runtime.settings.LoaderSettings`; ``collate_fn`` defaults to ``data_collator``,
-    ``seed`` to ``args.seed``, ``num_workers`` to ``args.dataloader_num_workers``)
+    `odb.ODBDataLoader`, or an `odb.LoaderSettings`; ``collate_fn`` defaults to ``data_collator``
+    when you gave one, else `odb.batching.pad_collate`; ``seed`` to ``args.seed``, ``num_workers`` to
+    ``args.dataloader_num_workers``, ``shift_labels`` to False for an encoder-decoder model)
     and ``max_samples`` (the sample budget; default
     ``num_train_epochs * len(train_dataset)``; for an IterableDataset, None runs
     ``num_train_epochs`` whole passes: below).  After training,
@@ -226,19 +230,27 @@ class ODBTrainerMixin:
         # An IterableDataset: the Trainer refuses max_steps <= 0 in its constructor; set the bound first
         # (Trainer(model, args, data_collator, train_dataset, ...), positionally or by keyword).
         targs = kwargs.get("args", args[1] if len(args) > 1 else None)
+        user_collator = kwargs.get("data_collator", args[2] if len(args) > 2 else None)
         train_dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
         if targs is not None and train_dataset is not None and not hasattr(train_dataset, "__len__") \
                 and targs.max_steps <= 0:
             targs.max_steps = int(max_samples) if max_samples is not None else _UNBOUNDED
         super().__init__(*args, **kwargs)
         self.odb_loader_kwargs = dict(odb_loader_kwargs or {}) if not hasattr(odb_loader_kwargs, "buffer_size") \
-            else odb_loader_kwargs  # a dict of ODBDataLoader keywords or an odb.runtime.settings.LoaderSettings
+            else odb_loader_kwargs  # a dict of ODBDataLoader keywords or an odb.LoaderSettings
+        # The Trainer's own default collators stack or pad to the longest of fixed-size batches and leave
+        # variable-length labels alone; without a collator of the user's, ODB's pads every key.
+        self.odb_collate_fn = pad_collate if user_collator is None and (
+            self.data_collator is default_data_collator or isinstance(self.data_collator, DataCollatorWithPadding)) \
+            else self.data_collator
+        self._odb_check_batch_size()
         if option(self.odb_loader_kwargs, "mode", "pad") == "join":
             raise ConfigError(
                 "ODBTrainer with mode='join': the HF Trainer has no public hook to run its loop inside DDP "
                 "Join, so a rank that runs out of batches first would leave its peers blocked in the "
                 "gradient all-reduce; use mode='pad' (the default: equal step counts, zero-weight fillers)")
         self.odb_stream: TrainStream | None = None
+        self._odb_samples0 = 0  # the stream's samples when this train() began (a resume's restored count)
         self._odb_epochs: _EpochStream | None = None
         self.odb_loader = None
         self._odb_resume_dir: str | None = None
@@ -267,6 +279,16 @@ class ODBTrainerMixin:
         if self.pop_callback(ProgressCallback) is not None:  # present unless disable_tqdm
             self.add_callback(_SampleProgress(self))
         self.add_callback(_ODBCallback(self))
+
+    def _odb_check_batch_size(self) -> None:
+        """``per_device_train_batch_size`` has no meaning here (the token budget sizes each batch), and HF
+        computes its throughput figures from it: refused unless it is left at its default."""
+        field = next(f for f in dataclasses.fields(type(self.args)) if f.name == "per_device_train_batch_size")
+        if self.args.per_device_train_batch_size != field.default:
+            raise ConfigError(
+                f"ODBTrainer with per_device_train_batch_size={self.args.per_device_train_batch_size}: ODB forms "
+                "each batch from as many samples as fit token_budget (in odb_loader_kwargs), so a fixed batch size "
+                f"would be ignored; leave it at its default ({field.default}), and size batches with token_budget")
 
     def _odb_check_unbounded(self) -> None:
         """A run without a sample budget (an IterableDataset by epochs): whole passes, a schedule without horizon."""
@@ -307,13 +329,31 @@ class ODBTrainerMixin:
         """The train stream over an `odb.ODBDataLoader` (`ODBTrainerMixin`); restores it when resuming."""
         if self.odb_loader is not None:
             self.odb_loader.close()
-        self.odb_loader = make_loader(self.train_dataset, self.odb_loader_kwargs, collate_fn=self.data_collator,
-                                      seed=self.args.seed, num_workers=self.args.dataloader_num_workers)
+        self.odb_loader = make_loader(self.train_dataset, self.odb_loader_kwargs, collate_fn=self.odb_collate_fn,
+                                      seed=self.args.seed, num_workers=self.args.dataloader_num_workers,
+                                      shift_labels=self._odb_shift_default())
         self.odb_stream = TrainStream(self.odb_loader, 1, max_samples=self.odb_max_samples)
         if self._odb_resume_dir is not None:
             self.odb_stream.load_state_dict(_resume_state(self._odb_resume_dir, self.odb_loader))
+        self._odb_samples0 = self.odb_stream.progress.samples
         self._odb_epochs = _EpochStream(self.odb_stream, self._odb_max_epochs(), self._odb_resume_dir is not None)
         return self._odb_epochs
+
+    def _odb_shift_default(self) -> bool | None:
+        """How the loader counts label tokens unless the user says: as the shifted loss of a causal LM sees
+        them (None: the loader's default), or as given for an encoder-decoder model (its loss reads every
+        label)."""
+        model = self.accelerator.unwrap_model(self.model) if self.model is not None else None
+        base = getattr(model, "get_base_model", lambda: model)()
+        return False if getattr(getattr(base, "config", None), "is_encoder_decoder", False) else None
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """`Trainer.log`, with the training throughput counted in emitted samples: the Trainer's own multiplies
+        optimizer steps by ``per_device_train_batch_size``, which ODB does not use."""
+        runtime = logs.get("train_runtime")
+        if "train_samples_per_second" in logs and runtime and self.odb_stream is not None:
+            logs["train_samples_per_second"] = round((self.odb_progress.samples - self._odb_samples0) / runtime, 3)
+        super().log(logs, *args, **kwargs)
 
     @property
     def odb_progress(self) -> TrainProgress:

@@ -89,7 +89,15 @@ class _Epochs:
         self.dm = dm
 
     def __iter__(self):
-        for ms in self.dm.stream.epoch():
+        stream = self.dm.stream
+        for k, ms in enumerate(stream.epoch()):
+            # Lightning fetches one batch ahead of the step it trains: more unconsumed means that
+            # training_step never calls pop_loss_weight (its loss unweighted, PAD fillers at full weight)
+            if k - stream._consumed > 2:
+                raise ConfigError(
+                    f"ODBDataModule: {k} batches handed to Lightning and {stream._consumed} consumed: training_step "
+                    "must call `weight, info = pop_loss_weight(batch)` on every batch and return loss * weight (the "
+                    "weight makes the step's loss the global per-token mean and gives PAD fillers zero weight)")
             ms.batch[STEP_KEY] = _Step(ms, self.dm)
             yield ms.batch
 
@@ -107,9 +115,10 @@ class ODBDataModule(pl.LightningDataModule):
 
     :param train_dataset: map-style or iterable dataset of processed samples.
     :param odb_loader_kwargs: passed to `odb.ODBDataLoader` (``token_budget`` required), or an
-        `odb.runtime.settings.LoaderSettings`.
+        `odb.LoaderSettings`.
     :param max_samples: sample budget (global samples); None: only ``max_epochs`` ends the run.
-    :param val_dataloader / test_dataloader: optional callables returning ordinary loaders (untouched).
+    :param val_dataloader: an optional callable returning an ordinary loader (untouched).
+    :param test_dataloader: the same, for testing.
     """
 
     def __init__(self, train_dataset, *, odb_loader_kwargs, max_samples: int | None = None,

@@ -25,8 +25,7 @@ the window weight; progress, the schedule and checkpoints run on samples.  What 
   included (``odb_finite_loss_without_labels``), and the outputs are never asked for.
 * Label counting: SFTTrainer's loss is the shifted causal-LM loss (each sample's targets are
   ``labels[1:]``, in padded and in padding-free batches alike), so the loader must count
-  ``shift_labels=True``: the default here for a dict of ``odb_loader_kwargs``; ``False`` (or a
-  ``LoaderSettings`` with it) is refused, and so is a ``loss_basis`` other than ``"label_tokens"``.
+  ``shift_labels=True``: the loader's default; ``False`` (in a dict or a ``LoaderSettings``) is refused, and so is a ``loss_basis`` other than ``"label_tokens"``.
 * ``padding_free=True`` (or packing with the ``bfd`` strategies): the collator concatenates the
   batch into one row, so a batch costs its tokens, not ``n * longest``: ``cost="packed"`` is the
   default for a dict of ``odb_loader_kwargs`` that sets no ``cost``.
@@ -63,11 +62,11 @@ class ODBSFTTrainerMixin(ODBTrainerMixin):
             self.odb_loader_kwargs.setdefault("shift_labels", True)
             if self.padding_free:
                 self.odb_loader_kwargs.setdefault("cost", "packed")
-        if option(self.odb_loader_kwargs, "shift_labels", False) is not True:
+        if option(self.odb_loader_kwargs, "shift_labels", None) is False:
             raise ConfigError(
                 "ODBSFTTrainer with shift_labels=False: SFTTrainer's loss is the shifted causal-LM loss, whose "
                 "targets are each sample's labels[1:]; the loader would also count labels[0] and divide the loss "
-                "by too many tokens; use shift_labels=True (the default with a dict of odb_loader_kwargs)")
+                "by too many tokens; leave shift_labels at its default (True)")
         basis = option(self.odb_loader_kwargs, "loss_basis", "label_tokens")
         if basis != "label_tokens":
             raise ConfigError(

@@ -8,10 +8,10 @@ from .._identity import check as _check_identity
 _check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced ours
 
 from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
-from ..core.info import STEP_INFO_KEY, LoaderStats, StepInfo, pop_step_info
+from ..core.info import LoaderStats, StepBatch, StepInfo, pop_step_info
 from .ledger import merge_states
 from .loader import ODBDataLoader
 from .settings import LoaderSettings
 
-__all__ = ["ODBDataLoader", "LoaderSettings", "merge_states", "StepInfo", "LoaderStats", "pop_step_info", "pad_collate",
-           "STEP_INFO_KEY"]
+__all__ = ["ODBDataLoader", "LoaderSettings", "merge_states", "StepInfo", "StepBatch", "LoaderStats", "pop_step_info",
+           "pad_collate"]

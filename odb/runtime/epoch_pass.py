@@ -10,15 +10,15 @@ the caller and stops the pass through the table.
 
 from __future__ import annotations
 
-import functools
 import queue
 import signal
 import time
-from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Callable
+import warnings
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..batching.deal import DealtOrder, Keys, first_lead
-from ..core.info import LOSS_BASES, STEP_INFO_KEY
+from ..core.info import LOSS_BASES, Receipts, attach_step_info
 from ..core.pool import pool_aheads
 from ..core.rank import Batch, RankCore
 from ..core.replica import Replicated
@@ -34,7 +34,7 @@ from .trace import TraceWriter, trace_path
 if TYPE_CHECKING:
     from .loader import ODBDataLoader
 
-__all__ = ["Pass", "start_engine", "first_usable", "no_template", "check_filler", "sample_fits"]
+__all__ = ["Pass", "start_engine", "filler_template", "cut_to_budget", "check_filler", "sample_fits"]
 
 
 def sample_fits(sample, cost, settings) -> bool:
@@ -57,24 +57,68 @@ def check_filler(sample, cost, settings) -> None:
                           "every filler step would exceed the budget; pass a sample within the budget")
 
 
-def first_usable(dataset, order: list, fits: Callable, limit: int = 16):
-    """A filler template for a rank that has seen no sample within budget (map-style): the first
-    of up to `limit` indices (its own order, else 0, 1, ...) whose preprocessing returns a
-    sample within the budget (`fits`), so a filler never costs more than the budget."""
-    candidates = (order or list(range(min(len(dataset), limit))))[:limit]
-    for idx in candidates:
-        sample = dataset[idx]
-        if sample is not None and fits(sample):
-            return sample
-    raise SampleError(f"no sample to build a PAD filler batch from: dataset indices {candidates} returned "
-                      "None or samples over the budget; pass filler_sample=<a processed sample within the "
-                      "budget> or use mode='join'")
+def cut_to_budget(sample, fits: Callable) -> Any:
+    """A filler's content from an over-budget `sample`: its longest prefix within the budget (`fits`), every
+    label -100 (a filler carries zero weight, so only its shape matters).  Cut are the values along the
+    sequence: 1-D tensors, arrays and lists as long as ``input_ids``; other values stay.  None when the
+    sample holds a tensor of 2 or more dimensions (images: cutting the text would cut their placeholder
+    tokens) or no prefix fits."""
+    if not isinstance(sample, Mapping) or "input_ids" not in sample:
+        return None
+    ids = sample["input_ids"]
+    n = len(ids) if isinstance(ids, (list, tuple)) or getattr(ids, "ndim", 1) == 1 else -1
+    if n < 2:
+        return None
+    seq = {}
+    for k, v in sample.items():
+        if isinstance(v, (list, tuple)) and len(v) == n or getattr(v, "ndim", None) == 1 and len(v) == n:
+            seq[k] = v
+        elif (getattr(v, "ndim", 0) or 0) >= 2:
+            return None
+
+    def cut(m: int):
+        out = dict(sample)
+        for k, v in seq.items():
+            out[k] = v[:m]
+        if "labels" in seq:
+            lab = seq["labels"][:m]
+            out["labels"] = [-100] * m if isinstance(lab, (list, tuple)) else lab * 0 - 100
+        return out
+    lo, hi = 0, n  # the largest m in [1, n) whose cut fits: fits(lo) or lo == 0, not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(cut(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return cut(lo) if lo >= 1 else None
 
 
-def no_template(rank: int):
-    raise SampleError(f"rank {rank} has no sample to build a PAD filler batch from (its shard of the "
-                      "IterableDataset is empty so far); pass filler_sample=<a processed sample> or use "
-                      "mode='join'")
+def filler_template(loader: "ODBDataLoader", order: list | None) -> Callable:
+    """The core's ``template(fallback)`` for a rank that saw no sample within the budget: the cheapest
+    over-budget sample it saw cut to the budget; else (map-style) the first of up to 16 indices of its order
+    whose sample fits or can be cut; else a SampleError that names the settings which would work."""
+    fits, s = loader._fits, loader.settings
+    fixes = "pass filler_sample=<a processed sample within the budget>" + (
+        " or use mode='join'" if not s.exchange and s.pool_size == 1 else "")
+
+    def template(fallback):
+        candidates = [] if order is None else (order or list(range(min(len(loader.dataset), 16))))[:16]
+        samples = [s for s in map(loader.dataset.__getitem__, candidates) if s is not None]
+        for sample in samples:
+            if fits(sample):
+                return sample
+        for sample in ([fallback] if fallback is not None else []) + samples:
+            cut = cut_to_budget(sample, fits)
+            if cut is not None:
+                return cut
+        if order is None:
+            raise SampleError(f"rank {loader.rank} has no sample to build a PAD filler batch from (its shard of the "
+                              "IterableDataset gave none that fits the budget or can be cut to it); " + fixes)
+        raise SampleError(f"no sample to build a PAD filler batch from: dataset indices {candidates} returned None or "
+                          "samples over the budget that cannot be cut to it (they hold images or other tensors); "
+                          + fixes)
+    return template
 
 
 def _from_signal_handler(e: BaseException) -> bool:
@@ -97,22 +141,40 @@ def _from_signal_handler(e: BaseException) -> bool:
     return False
 
 
-class Pass:
-    """One pass over `loader` driven by `eng` (module docstring)."""
+# A pass on more than one rank in which not one batch's StepInfo was taken by its 64th batch (or its end)
+# is a loop that never weights its loss: PAD fillers would train at full weight (`Pass.__next__`).  64
+# leaves room for loops that prefetch (Lightning 1 batch, an accumulation window of up to 63).
+UNREAD_LIMIT = 64
 
-    def __init__(self, loader: "ODBDataLoader", eng: Engine):
+
+class Pass:
+    """One pass over `loader` driven by `eng` (module docstring).
+
+    A newer ``iter(loader)`` replaces it: it is closed, and its next use raises `ConfigError`.
+    """
+
+    def __init__(self, loader: "ODBDataLoader", eng: Engine, before):
+        """`before`: the loader's stats just before `eng` started (`LoaderStats.snapshot`)."""
         self._loader, self._eng = loader, eng
-        self._unemitted0 = loader.stats.unemitted
+        self._unemitted0 = before.unemitted
+        self._oversize0 = before.oversize
         self.epoch = eng.epoch
         self.open = True
+        self.replaced = False
+        self.receipts = Receipts()
+        self._yielded = 0
         total = len(loader.dataset) if loader._order_kind() == "own" else None
-        self._observer = PassObserver(loader, self.epoch, total)
+        self._observer = PassObserver(loader, self.epoch, total, before)
 
     def __iter__(self) -> "Pass":
         return self
 
     def __next__(self) -> MutableMapping:
         loader = self._loader
+        if self.replaced:
+            raise ConfigError(f"rank {loader.rank}: this iterator of the ODBDataLoader was replaced by a newer "
+                              "iter(loader), which started the epoch again (as torch's DataLoader does); iterate "
+                              "the newer one. Keep one iterator per loader at a time")
         if loader.closed:
             self.open = False
             raise ConfigError(f"rank {loader.rank}: this ODBDataLoader was closed (close(), a with block or "
@@ -121,6 +183,7 @@ class Pass:
         if not self.open:
             raise StopIteration
         try:
+            self._check_use()
             t0 = time.perf_counter()
             kind, payload = self._get()
             loader.stats.wait_time_s += time.perf_counter() - t0
@@ -128,6 +191,7 @@ class Pass:
                 raise payload
             if kind == "batch":
                 return self._collate(payload)
+            self._check_weighted(end=True)
         except BaseException:
             self._stop(FAILED)
             raise
@@ -135,6 +199,32 @@ class Pass:
         loader.end_pass(self._unemitted0)
         self._observer.end(loader, completed=True)
         raise StopIteration
+
+    def _check_use(self) -> None:
+        """The mistakes that would hang or mis-train silently on more than one rank, raised before the next
+        batch: JOIN outside a join context, a loop that never takes a StepInfo.  Every rank runs the same
+        loop, so every rank raises at the same step."""
+        loader = self._loader
+        if loader.world_size == 1:
+            return
+        if self._yielded == 0 and loader.mode == "join" and not loader.joined:
+            raise ConfigError(
+                f"rank {loader.rank}: mode='join' outside a join context: the rank whose data ends first would "
+                "leave the loop while its peers block in the model's gradient all-reduce (DDP), a hang the loader "
+                "cannot see. Wrap the loop in `with odb.integrations.join_context(model, loader):` (DDP Join; "
+                "model=None if the loop runs no collective of its own), or use mode='pad' (equal steps)")
+        self._check_weighted(end=False)
+
+    def _check_weighted(self, end: bool) -> None:
+        loader = self._loader
+        if loader.world_size == 1 or self.receipts.taken or not (self._yielded >= UNREAD_LIMIT or end and self._yielded):
+            return
+        raise ConfigError(
+            f"rank {loader.rank}: {self._yielded} batches and not one StepInfo taken: the loss is not weighted, so "
+            "each rank's mean counts alike whatever its tokens, and PAD fillers (zero-weight repeats of a sample) "
+            "train at full weight. Take it from every batch, info = odb.pop_step_info(batch), and backpropagate "
+            "odb.integrations.weighted_loss(model(**batch), info.loss_scale); or use odb.integrations.TrainStream "
+            "or an adapter, which do it")
 
     def _get(self):
         # Only queue.Empty is a wait: anything else raised here (torch's dead-worker error from its
@@ -151,8 +241,11 @@ class Pass:
     def _collate(self, b: Batch) -> MutableMapping:
         loader, info = self._loader, b.info
         where = "a filler batch" if info.filler else f"dataset indices {list(info.indices)}"
+        samples = b.samples
+        if info.filler and loader.settings.filler_sample is not None:
+            samples = [loader.settings.filler_sample]
         try:
-            batch = loader.collate_fn(b.samples)
+            batch = loader.collate_fn(samples)
         except Exception as e:
             if _from_signal_handler(e):  # e.g. torch's dead-worker error, raised wherever the main thread was
                 raise
@@ -161,7 +254,12 @@ class Pass:
         if not isinstance(batch, MutableMapping):
             raise SampleError(f"rank {loader.rank}: collate_fn returned {type(batch).__name__} for {where}; it "
                               "must return a mutable mapping (e.g. a dict) so the StepInfo can ride along")
-        batch[STEP_INFO_KEY] = info
+        try:
+            batch = attach_step_info(batch, info, self.receipts)
+        except (AttributeError, TypeError):
+            raise SampleError(f"rank {loader.rank}: collate_fn returned a {type(batch).__name__}, which takes no "
+                              "attribute for the StepInfo; return a dict (or a mapping that takes attributes, such "
+                              "as transformers' BatchEncoding)") from None
         st = loader.stats
         st.steps += 1
         loader.ledger.record(b.positions, self.epoch, info.global_samples)
@@ -171,8 +269,24 @@ class Pass:
             st.samples += len(b.samples)
             st.real_tokens += sum(b.sizes)
             st.padded_tokens += len(b.sizes) * max(b.sizes)
+        if st.oversize > self._oversize0:
+            self._announce_oversize()
+        self._yielded += 1
         self._observer.batch(info)
         return batch
+
+    def _announce_oversize(self) -> None:
+        """Once per pass: samples over the budget (an out-of-memory risk, or samples not trained)."""
+        loader, st = self._loader, self._loader.stats
+        n, (use, sizes, index) = st.oversize - self._oversize0, st.oversize_worst
+        self._oversize0 = float("inf")
+        what = ("each trains as a batch of its own, so a batch may cost up to that: on a GPU an out-of-memory risk"
+                if loader.settings.oversize == "alone" else "they are skipped, not trained (loader.stats."
+                "oversize_skipped)")
+        warnings.warn(f"rank {loader.rank}, epoch {self.epoch}: {n} sample(s) over the budget so far, the costliest "
+                      f"{use:.2f}x the budget (dataset index {index}, sizes {tuple(sizes)}); {what}. Raise "
+                      "token_budget, truncate samples in preprocessing, or set oversize='skip' or 'error'. The "
+                      "epoch's summary (logging 'odb') repeats the count", stacklevel=3)
 
     def _stop(self, status: int) -> None:
         if self.open:
@@ -180,6 +294,11 @@ class Pass:
             self._observer.end(self._loader, completed=False)
             self._eng.stop(status)
             self._loader.join_engine(self._eng)
+
+    def replace(self) -> None:
+        """A newer iterator of the loader starts: end this one (the engine tells the peers it stopped)."""
+        self.replaced = True
+        self._stop(CLOSED)
 
     def close(self) -> None:
         """End this pass early (the engine tells the peers it stopped)."""
@@ -208,12 +327,7 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
     else:
         keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in done]
         loader._source.start(keys, frozenset(done))
-    if s.filler_sample is not None:
-        template = functools.partial(lambda x: x, s.filler_sample)
-    elif order is None:
-        template = functools.partial(no_template, loader.rank)
-    else:
-        template = functools.partial(first_usable, loader.dataset, order, loader._fits)
+    template = filler_template(loader, order)
     trace = None
     if s.trace_dir is not None:
         cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length,

@@ -8,6 +8,7 @@ start-of-pass gather of dealt sharding (once per pass).  A gloo error (a timeout
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -30,6 +31,15 @@ class LoaderGroup:
         if not (dist.is_available() and dist.is_initialized()):
             if process_group is not None:
                 raise ConfigError("process_group was given but torch.distributed is not initialized")
+            # A launcher's environment is read here only to refuse a misuse: alone under torchrun, every
+            # rank would train every sample (issue 49).
+            launched = os.environ.get("WORLD_SIZE", "1")
+            if launched.isdigit() and int(launched) > 1:
+                raise ConfigError(
+                    f"ODBDataLoader built before torch.distributed.init_process_group, under a launcher with "
+                    f"WORLD_SIZE={launched}: this process would count as the only rank and every rank would "
+                    "train every sample. Call torch.distributed.init_process_group() first, then build the "
+                    "loader (to run this process alone on purpose, start it without the launcher's WORLD_SIZE)")
             self.rank, self.world_size = 0, 1
             return
         base = process_group if process_group is not None else dist.group.WORLD
@@ -58,24 +68,38 @@ class LoaderGroup:
             raise RankFailure(f"rank {self.rank}: {what} did not complete within timeout_s={self.timeout_s}: a "
                               f"peer rank died or {absent}. gloo said: {str(e)[:300]}") from None
 
-    def agree(self, shared: Shared, ahead: int) -> tuple[int, ...]:
+    def agree(self, shared: Shared | None, ahead: int, failure: BaseException | None = None) -> tuple[int, ...]:
         """The construction check: one fixed-shape all-gather of `Shared` (every field compared) and of
         each rank's prefetch (gathered, not compared: the deals read every rank's).  A mismatch is a
-        ConfigError on every rank naming each setting and every rank's value; returns the prefetches."""
+        ConfigError on every rank naming each setting and every rank's value.  A rank whose own
+        construction failed (`failure`, `shared` None) posts that instead, and every rank raises at once:
+        it re-raises its error, the others a ConfigError quoting it.  Returns the prefetches."""
         if self.group is None:
+            if failure is not None:
+                raise failure
             return (int(ahead),)
-        send = torch.tensor(shared.vector() + [int(ahead)], dtype=torch.int64)
+        width = len(Shared.names())
+        send = torch.tensor([int(failure is not None)] + ([0] * width if shared is None else shared.vector())
+                            + [int(ahead)], dtype=torch.int64)
         every = [torch.empty_like(send) for _ in range(self.world_size)]
         # SYNC: every rank reaches this once per loader, right after creating its group
         self._gather("the construction check of ODBDataLoader", "did not construct its loader",
                      lambda: torch.distributed.all_gather(every, send, group=self.group))
         rows = [t.tolist() for t in every]
-        bad = mismatches(rows)
-        if bad:  # every rank gathered the same rows, so every rank takes this branch and gathers the text
+        failed = [r for r, row in enumerate(rows) if row[0]]
+        bad = [] if failed else mismatches([row[1:] for row in rows])
+        if failed or bad:  # every rank gathered the same rows, so every rank takes this branch and gathers the text
             texts: list = [None] * self.world_size
-            # SYNC: every rank reaches this when the construction check found a mismatch
+            mine = f"{type(failure).__name__}: {failure}" if failure is not None else shared.describe()
+            # SYNC: every rank reaches this when the construction check found a failure or a mismatch
             self._gather("the construction check's report", "did not construct its loader",
-                         lambda: torch.distributed.all_gather_object(texts, shared.describe(), group=self.group))
+                         lambda: torch.distributed.all_gather_object(texts, mine, group=self.group))
+            if failure is not None:
+                raise failure
+            if failed:
+                raise ConfigError(f"rank {self.rank}: rank(s) {failed} could not build this ODBDataLoader, so no rank "
+                                  "runs it (it would wait for them): " +
+                                  "; ".join(f"rank {r}: {str(texts[r])[:600]}" for r in failed))
             col = {name: j for j, name in enumerate(Shared.names())}
             what = "; ".join(f"{name} ({PARAMETERS[name]}): " +
                              ", ".join(f"rank {r} {t[col[name]]}" for r, t in enumerate(texts)) for name in bad)

@@ -50,6 +50,7 @@ class EpochLedger:
         self.complete = False
         self.num_positions: int | None = None
         self.steps = self.samples = 0
+        self.loaded = False  # a state was loaded since the last pass began: the next pass continues it
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; another epoch forgets what the old one yielded."""
@@ -58,9 +59,10 @@ class EpochLedger:
         self.epoch = epoch
 
     def start_pass(self, num_positions: int) -> None:
-        """A pass begins: a completed epoch starts again from nothing."""
-        if self.complete:
+        """A pass begins: from the loaded position after a load, else the epoch starts again from nothing."""
+        if self.complete or not self.loaded:
             self.done, self.complete, self.steps, self.samples = set(), False, 0, 0
+        self.loaded = False
         self.num_positions = num_positions
 
     def record(self, positions, epoch: int, global_samples: int) -> None:
@@ -91,7 +93,7 @@ class EpochLedger:
             return self._load_global(sd, world_size=world_size, rank=rank, sharding=sharding, order=order,
                                      global_positions=global_positions)
         for key, mine, why in (("world_size", world_size, "the per-rank shards would change; merge every rank's "
-                                "state with odb.runtime.merge_states to resume on another world size"),
+                                "state with odb.merge_states to resume on another world size"),
                                ("rank", rank, "this state belongs to another rank")):
             _expect(sd, key, mine, why)
         for key in ("order", "mode"):  # version 3; informational when loading on the same rank
@@ -110,6 +112,7 @@ class EpochLedger:
         self.set_epoch(epoch)
         self.done, self.complete = _positions(rec["done"], now), rec["complete"]
         self.num_positions, self.steps, self.samples = rec["num_positions"], rec["steps"], rec["samples"]
+        self.loaded = True
 
     def _load_global(self, sd: dict, *, world_size: int, rank: int, sharding: str, order: str,
                      global_positions: int | None) -> None:
@@ -136,6 +139,7 @@ class EpochLedger:
             mine = {(q - rank) // world_size for q in done if q % world_size == rank}
         self.done, self.complete, self.steps, self.samples = mine, complete, 0, 0
         self.num_positions = total if sharding == "dealt" else len(range(rank, total, world_size))
+        self.loaded = True
 
 
 def merge_states(states: Sequence[Mapping]) -> dict:

@@ -16,6 +16,7 @@ not hidden: the others raise `odb.RankFailure` naming the round.
 from __future__ import annotations
 
 import atexit
+import inspect
 import itertools
 import warnings
 import weakref
@@ -32,7 +33,7 @@ from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine
 from .group import LoaderGroup
 from .ledger import EpochLedger
-from .settings import LoaderSettings
+from .settings import LoaderSettings, settings_help
 from .source import Source, shard_order
 
 __all__ = ["ODBDataLoader"]
@@ -63,18 +64,59 @@ class ODBDataLoader:
     :param token_budget: the cost model's budget per rank and batch (None with a ready cost model
         or a per-resource cost mapping).
     :param collate_fn: list of samples -> a mutable mapping (the batch), run in the consumer's thread;
-        default `odb.batching.collate.pad_collate`.
-    :param settings: a `odb.runtime.settings.LoaderSettings`, or pass its fields as keywords (every
-        field is documented there: sharding, buffer_size, mode, cost, policy, loss_basis, timeout_s, ...).
+        default `odb.batching.pad_collate`.  Each batch carries its `odb.StepInfo` as an attribute: take
+        it with `odb.pop_step_info` and weight the loss by ``info.loss_scale``.
+    :param settings: a `odb.LoaderSettings`, or pass its fields as keywords (below).
 
-    World size 1 (or no initialized process group) needs no group.  ``len(loader)`` is not defined:
-    the number of batches is decided online.  Use as an iterable, optionally in a ``with`` block;
-    `close` (also run by garbage collection) stops the engine and the workers.
+    Build it after ``torch.distributed.init_process_group`` (world size 1 needs no group), in the same order
+    and alike on every rank.  ``len(loader)`` is not defined: the number of batches is decided online.  Each
+    ``iter(loader)`` is a pass over the epoch (`__iter__`).  Close it with `close` or a ``with`` block.
     """
 
     def __init__(self, dataset, token_budget=None, collate_fn: Callable | None = None, *,
                  settings: LoaderSettings | None = None, **kwargs):  # the keywords: LoaderSettings's fields
         self.closed = True  # until construction completes (close() / __del__ are then no-ops)
+        self._source = None
+        try:  # what one rank may reject by itself; the construction check then tells every rank
+            self._build(dataset, token_budget, collate_fn, settings, kwargs)
+            failure = None
+        except Exception as e:  # noqa: BLE001 - reported to every rank, then re-raised here
+            failure = e
+        s = getattr(self, "settings", None)
+        pg = s.process_group if s is not None else kwargs.get("process_group")
+        timeout = s.timeout_s if s is not None else kwargs.get("timeout_s", LoaderSettings.timeout_s)
+        try:
+            self._group = LoaderGroup(pg, float(timeout) if isinstance(timeout, (int, float)) and timeout > 0
+                                      else LoaderSettings.timeout_s)
+        except Exception:
+            self._close_source()
+            if failure is not None:
+                raise failure from None
+            raise
+        self.rank, self.world_size = self._group.rank, self._group.world_size
+        try:  # every rank's prefetch, gathered with the compared settings (or this rank's failure)
+            self._aheads = self._group.agree(None if failure else self.shared,
+                                             0 if failure else self._source.ahead, failure)
+        except BaseException:
+            self._close_source()
+            self._group.destroy()
+            raise
+        # compared settings and the gathered prefetches: every rank decides alike
+        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self._aheads)
+        self.stats = LoaderStats()
+        self.ledger = EpochLedger()
+        self._loader_id = next(_LOADER_IDS)
+        self._passes = 0
+        self._engine: Engine | None = None
+        self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
+        self._pass = None             # a weak reference to the last pass (refused operations while it is open)
+        self._epoch_chosen = False    # set_epoch since the last pass began (else a completed epoch advances)
+        self.joined = 0               # open join contexts around this loader (`odb.integrations.join_context`)
+        self.closed = False
+        _OPEN.add(self)
+
+    def _build(self, dataset, token_budget, collate_fn, settings, kwargs) -> None:
+        """This rank's part of construction: the settings validated and what they derive (no collective)."""
         if settings is None:
             settings = LoaderSettings.from_kwargs({"token_budget": token_budget, **kwargs})
         elif kwargs or token_budget is not None:
@@ -98,20 +140,10 @@ class ODBDataLoader:
                               prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers,
                               multiprocessing_context=s.multiprocessing_context, worker_init_fn=s.worker_init_fn,
                               shift_labels=self.shift_labels, worker_timeout_s=float(s.timeout_s))
-        self._group = LoaderGroup(s.process_group, self.timeout_s)
-        self.rank, self.world_size = self._group.rank, self._group.world_size
-        self._aheads = self._group.agree(self.shared, self._source.ahead)  # every rank's prefetch, gathered
-        # compared settings and the gathered prefetches: every rank decides alike
-        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self._aheads)
-        self.stats = LoaderStats()
-        self.ledger = EpochLedger()
-        self._loader_id = next(_LOADER_IDS)
-        self._passes = 0
-        self._engine: Engine | None = None
-        self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
-        self._pass = None             # a weak reference to the last pass (refused operations while it is open)
-        self.closed = False
-        _OPEN.add(self)
+
+    def _close_source(self) -> None:
+        if self._source is not None:
+            self._source.close()
 
     def _fits(self, sample) -> bool:
         return sample_fits(sample, self.cost, self.settings)
@@ -129,8 +161,9 @@ class ODBDataLoader:
         """Select the epoch (the loader's own shuffle uses ``seed + epoch``; forwarded to the sampler, and
         to the dataset when it has ``set_epoch``, e.g. a shuffled HF ``IterableDataset``).
 
-        Another epoch forgets which samples of the old one were yielded.  Raises ConfigError while a
-        pass over another epoch is open (its remaining batches belong to the old order).
+        Optional: a pass that ran to its end is followed by the next epoch anyway (`__iter__`).  Another
+        epoch forgets which samples of the old one were yielded.  Raises ConfigError while a pass over
+        another epoch is open (its remaining batches belong to the old order).
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
@@ -138,6 +171,7 @@ class ODBDataLoader:
             raise ConfigError(f"rank {self.rank}: set_epoch({epoch}) while a pass over epoch {self.epoch} is "
                               "open; finish iterating it, or close it first (it.close(), or let the iterator go)")
         self.ledger.set_epoch(epoch)
+        self._epoch_chosen = True
         sampler = self.settings.sampler
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -156,14 +190,26 @@ class ODBDataLoader:
 
     # -- passes ------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
+        """A pass over the current epoch, as torch's DataLoader: each ``iter()`` starts the epoch anew, and a
+        newer iterator replaces an open one (whose next use raises ConfigError).  Two exceptions keep
+        exactly-once across runs: after `load_state_dict` the pass continues from the loaded position,
+        and after a pass that ran to its end without a `set_epoch` since, the next epoch begins (each
+        epoch its own order, on every rank alike)."""
         if self.closed:
             raise ConfigError("this ODBDataLoader is closed; construct a new one (on every rank)")
+        old = self._pass() if self._pass is not None else None
+        if old is not None and old.open:
+            old.replace()
         self._finish_engine()
+        if self.ledger.complete and not self._epoch_chosen:
+            self.set_epoch(self.epoch + 1)
+        self._epoch_chosen = False
         order = self._order()
         self.ledger.start_pass(-1 if order is None else len(order))
+        before = self.stats.snapshot()  # before the engine starts counting this pass's samples
         eng = start_engine(self, order)
         self._engine, self._engine_drained = eng, False
-        it = Pass(self, eng)
+        it = Pass(self, eng, before)
         self._pass = weakref.ref(it)
         return it
 
@@ -206,7 +252,7 @@ class ODBDataLoader:
 
     def state_dict(self) -> dict:
         """This rank's record of the current epoch (`odb.runtime.ledger`).  Per rank: save each rank's
-        own state; resume each into the same rank, or merge every rank's (`odb.runtime.merge_states`)
+        own state; resume each into the same rank, or merge every rank's (`odb.merge_states`)
         to resume on any number of ranks.  Dealt: the next pass gathers every rank's record, so all
         ranks resume together."""
         return self.ledger.state_dict(world_size=self.world_size, rank=self.rank, seed=self.seed,
@@ -214,7 +260,7 @@ class ODBDataLoader:
 
     def load_state_dict(self, state: Mapping) -> None:
         """Resume from this rank's `state_dict()` (same rank, world size, seed and sharding), or from a
-        merged state of any world size (`odb.runtime.merge_states`); strict: every field is validated
+        merged state of any world size (`odb.merge_states`); strict: every field is validated
         (`odb.runtime.ledger.EpochLedger.load_state_dict`).  Refused while a pass is open."""
         if self._open_pass():
             raise ConfigError(f"rank {self.rank}: load_state_dict while a pass is open; finish or close it first")
@@ -229,6 +275,7 @@ class ODBDataLoader:
                                     global_positions=len(self.dataset) if own else None)
         if isinstance(state, Mapping) and state.get("kind") == "global":
             self.set_epoch(self.ledger.epoch)  # the sampler and the dataset follow the merged state's epoch
+        self._epoch_chosen = False  # a state saved at an epoch's end resumes with the next epoch
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -242,7 +289,7 @@ class ODBDataLoader:
         try:
             self._finish_engine()
         finally:
-            self._source.close()
+            self._close_source()
             self._group.destroy()
 
     def __enter__(self) -> "ODBDataLoader":
@@ -259,3 +306,4 @@ class ODBDataLoader:
 
 
 ODBDataLoader.__init__.__signature__ = LoaderSettings.loader_signature()  # the documented keywords, for help()
+ODBDataLoader.__doc__ = inspect.cleandoc(ODBDataLoader.__doc__) + "\n\n" + inspect.cleandoc(settings_help())

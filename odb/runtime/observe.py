@@ -30,7 +30,8 @@ def summary_line(s: LoaderStats, *, epoch: int, rank: int, world_size: int) -> s
     f = s.figures()
     bal = "n/a" if f["token_balance"] is None else f"{f['token_balance']:.3f}"
     use = "n/a" if f["budget_use"] is None else f"{f['budget_use']:.3f}"
-    drops = [f"{n} {k}" for k, n in (("dropped", s.dropped), ("empty", s.empty), ("oversize", s.oversize),
+    worst = f" (the costliest {s.oversize_worst[0]:.2f}x the budget)" if s.oversize and s.oversize_worst else ""
+    drops = [f"{n} {k}" for k, n in (("dropped", s.dropped), ("empty", s.empty), ("oversize" + worst, s.oversize),
                                       ("oversize skipped", s.oversize_skipped), ("unemitted", s.unemitted),
                                       ("zero-label steps", s.zero_label_steps)) if n]
     return (f"odb epoch {epoch} rank {rank}/{world_size}: {s.steps} steps ({s.fillers} fillers), {s.samples} "
@@ -52,8 +53,8 @@ def make_bar(total: int | None, initial: int, desc: str):
 class PassObserver:
     """The summary and the bar of one pass of `loader` (module docstring)."""
 
-    def __init__(self, loader, epoch: int, total: int | None):
-        self._before, self._t0 = loader.stats.snapshot(), time.perf_counter()
+    def __init__(self, loader, epoch: int, total: int | None, before: LoaderStats):
+        self._before, self._t0 = before, time.perf_counter()
         self.epoch, self._bar = epoch, None
         if loader.settings.progress:
             self._bar = make_bar(total, loader.ledger.samples, f"odb epoch {epoch}")

@@ -21,7 +21,7 @@ from ..core.shared import Shared, describe_cost, describe_policy
 from ..errors import ConfigError
 from ..protocol.table import DGAP, MODES
 
-__all__ = ["LoaderSettings", "COMPARED", "RANK_LOCAL", "OVERSIZE", "SHARDINGS"]
+__all__ = ["LoaderSettings", "COMPARED", "RANK_LOCAL", "OVERSIZE", "SHARDINGS", "settings_help"]
 
 OVERSIZE = ("alone", "skip", "error")
 SHARDINGS = ("auto", "dealt", "fixed")
@@ -51,106 +51,91 @@ RANK_LOCAL = {
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderSettings:
-    """The settings of one `odb.ODBDataLoader` (validated when built; ``ConfigError`` names the field)."""
+    """The settings of one `odb.ODBDataLoader`, validated when built (``ConfigError`` names the field).
+
+    Pass them to ``ODBDataLoader(dataset, token_budget, **settings)`` or as ``settings=LoaderSettings(...)``.
+    "Compared": every rank must set it alike (the construction check raises ConfigError on every rank
+    otherwise); the others may differ per rank.
+
+    :ivar token_budget: the cost budget of one batch on one rank.  With the default ``cost="padded"`` it
+        counts padded tokens: rows x the longest sample's tokens <= token_budget.  Start from the largest
+        batch that fits your GPU at your longest sample (``docs/getting-started.md``).  Compared.
+    :ivar buffer_size: the window W: samples per rank that each round packs (default 1024, the paper's
+        recipes').  Larger packs better; each rank holds about 2W preprocessed samples, and the first batch
+        of a pass waits for the first W.  Compared.
+    :ivar mode: "pad" (default: every rank the same steps, zero-weight fillers, every sample once), "join"
+        (every sample once, ranks end at different steps; the loop runs in ``join_context``) or "quota"
+        (equal steps, no fillers; stops when a rank runs dry and reports what it did not emit).  Compared.
+    :ivar sharding: "auto" (default: "dealt" for a map-style dataset without ``sampler``, else "fixed"),
+        "dealt" (one shuffled order dealt to the ranks while the epoch runs, its end by measured cost) or
+        "fixed" (each rank's round-robin shard up front).  Compared.
+    :ivar shuffle: shuffle the loader's own order, ``seed + epoch`` (default True).  Compared.
+    :ivar seed: seed of that shuffle (default 0).  Compared.
+    :ivar sampler: yields this rank's own dataset indices instead of the loader's order (shards may be
+        uneven; it must give the same order again after ``set_epoch(e)`` for resume).  Rank-local.
+    :ivar num_workers: preprocessing workers of the inner DataLoader (default 0: in the loader's thread).
+    :ivar prefetch_factor: samples each worker prefetches, as in DataLoader (None: its default).
+    :ivar persistent_workers: keep the workers across epochs, as in DataLoader.
+    :ivar multiprocessing_context: the workers' start method ("fork", "spawn", ...), as in DataLoader.
+    :ivar worker_init_fn: as in DataLoader.
+    :ivar cost: what a batch costs: "padded" (default), "packed" (its tokens: for a packing collate),
+        "quadratic" (tokens plus attention), a callable, a mapping resource -> budget for several
+        resources (`odb.batching.make_cost_model`), or a ready `CostModel`.  Compared.
+    :ivar policy: the cross-rank alignment policy (None: `odb.batching.default_policy()`).  Compared.
+    :ivar oversize: a sample over the budget: "alone" (default: a batch of its own, announced once per
+        epoch), "skip" (counted, not trained) or "error".
+    :ivar loss_basis: what ``StepInfo.loss_scale`` averages over: "label_tokens" (default), "tokens" or
+        "samples".  Compared.
+    :ivar shift_labels: count label tokens as a causal LM's loss sees them, among ``labels[1:]`` (None, the
+        default, is True; the HF adapters choose False for an encoder-decoder model); False: labels as
+        given, for a loss that reads every label.  False with a packing collate is refused.  Compared.
+    :ivar length_fn: sample -> int, or a tuple of ints per resource (tokens first); default the length of a
+        1-D ``input_ids``.  Runs in the workers (picklable under spawn).  Length-0 samples are skipped, counted.
+    :ivar filler_sample: the content of every PAD filler (a processed sample within the budget); default
+        the cheapest sample seen within the budget, or one cut to the budget.
+    :ivar process_group: the data-parallel group to align (default: the whole world); only its members
+        build the loader.
+    :ivar timeout_s: how long a rank waits for its slowest peer at a round, and for one preprocessed sample
+        (default 1800 s, torch.distributed's).  Set it above the longest pause one rank takes between two
+        batches (a checkpoint save); a dead peer or worker is seen within seconds whatever it is.
+    :ivar trace_dir: if set, every rank writes a JSONL trace of each pass (``python -m proofs.conformance``).
+    :ivar progress: a tqdm bar per pass, counted in every rank's samples; ``progress=(rank == 0)`` for one.
+    :ivar pool_size: ranks that share one window of ``pool_size * buffer_size`` samples, e.g. a host's
+        (default 1).  It balances as a ``pool_size`` times larger ``buffer_size`` does, at ``pool_size``
+        times the preprocessing; raise ``buffer_size`` first (``docs/guide/scaling.md``).  Compared.
+    :ivar exchange: after each round, re-deal the round's batches across the ranks by cost and move them
+        point to point (default False; ``docs/guide/scaling.md``).  Needs mode "pad" or "quota" and dealt
+        sharding.  Compared.
+    :ivar exchange_slack: with ``exchange``, the share of a round's step time its plan may spend balancing
+        the budget cost too, 0 to 0.1 (default 0: step time only).  Compared.
+    """
 
     token_budget: Any
-    """The budget of the cost model, per rank and batch (a number; a mapping resource -> budget for a
-    multi-resource cost; ignored, and must be None, when ``cost`` is a ready `CostModel`)."""
     sampler: Any = None
-    """Yields this rank's own dataset indices (shards may be uneven); must give the same order again after
-    ``set_epoch(e)`` for resume.  Default: the loader's own ``seed + epoch`` shuffled order."""
     shuffle: bool = True
-    """Shuffle the loader's own order (ignored with a sampler)."""
     sharding: str = "auto"
-    """"dealt": one shuffled order of a map-style dataset dealt to the ranks while the epoch runs, the end
-    by measured cost (`odb.batching.deal`); "fixed": each rank's shard up front (round robin);
-    "auto": "dealt" for a map-style dataset without ``sampler``, else "fixed"."""
     seed: int = 0
-    """Seed of the loader's own shuffle."""
     num_workers: int = 0
-    """Preprocessing workers of the inner DataLoader (0: in the engine thread)."""
     prefetch_factor: int | None = None
-    """Per worker, as in DataLoader (None: its default)."""
     persistent_workers: bool = False
-    """Keep workers across epochs, as in DataLoader."""
     multiprocessing_context: Any = None
-    """Worker start method ("fork", "spawn", ...), as in DataLoader."""
     worker_init_fn: Callable | None = None
-    """As in DataLoader."""
     buffer_size: int = 1024
-    """The window W: samples per rank per round, carry included; larger gives better batches and holds
-    about 2W preprocessed samples in host memory (the window and the previous round's batches), and the
-    first batch of an epoch waits for the first W.  The default is the paper's recipes' window; with
-    large per-sample tensors (images) size it to host memory: 2W samples on each of a host's ranks.
-    Measured effects: ``docs/decisions/2026-11-29-window-size.md`` and, at 64 to 256 ranks,
-    ``docs/decisions/2026-12-01-window-1024.md``; at 64 ranks 2,048 predicts 0.970-0.992x the offline
-    oracle's throughput (``docs/decisions/2026-12-02-pooled-windows.md``)."""
     mode: str = "pad"
-    """"pad" (equal steps, zero-weight fillers, every sample once), "join" (every sample once; ranks
-    finish at different steps; the model side uses DDP ``Join``) or "quota" (equal steps, no fillers;
-    stops when a rank runs dry; the rest counted in ``stats.unemitted`` and warned about)."""
     cost: Any = "padded"
-    """"padded" | "packed" | "quadratic" | a callable | a mapping resource -> budget (see
-    `odb.batching.make_cost_model`), or a ready `CostModel`."""
     policy: Any = None
-    """An `odb.batching.AlignmentPolicy` (None: `odb.batching.default_policy()`)."""
     oversize: str = "alone"
-    """A sample over budget: "alone" (a batch of its own), "skip" or "error"; counted in ``stats.oversize``."""
     loss_basis: str = "label_tokens"
-    """What ``StepInfo.loss_scale`` averages over: "label_tokens", "tokens" or "samples"."""
     shift_labels: bool | None = None
-    """Count label tokens as a causal LM's loss sees them, among ``labels[1:]`` of each sample (Hugging
-    Face ``*ForCausalLM`` shifts labels by one); False: the labels as given.  None (default): True with
-    a packing collate (`odb.batching.collate.packed_collate`, `mrope_collate`, transformers'
-    ``DataCollatorWithFlattening``: they mask each sample's first label, so ``labels[1:]`` are exactly
-    the targets), else False; False with a packing collate is refused (it would count one target per
-    sample too many).  A sample without ``labels`` counts its ``input_ids`` (what the collates build)."""
     length_fn: Callable | None = None
-    """sample -> int or tuple of ints (sizes per resource, tokens first); default the length of a 1-D
-    ``input_ids``.  Runs in the workers (picklable under spawn).  Length 0 samples are counted and skipped."""
     filler_sample: Mapping | None = None
-    """A processed sample within the budget for PAD fillers (default: the cheapest one seen)."""
     process_group: Any = None
-    """The data-parallel group to align (default: the whole world); only its members build the loader."""
     timeout_s: float = 1800.0
-    """How long a rank waits for its slowest peer at a header collective, and for one preprocessed sample
-    with workers.  A slow peer (a consumer pausing to save a checkpoint) is waited for this long; a dead
-    peer is seen by the transport within seconds and a dead worker within 0.1 s whatever this is.  Set
-    it to at least the longest pause of one rank between two batches (default: torch.distributed's)."""
     trace_dir: str | None = None
-    """If set, every rank writes a JSONL trace per pass (`odb.runtime.trace`)."""
     pool_size: int = 1
-    """Ranks that share one window of ``pool_size * buffer_size`` samples (`odb.core.pool`): consecutive
-    ranks of the loader's group, e.g. the ranks of a host (torchrun's ``--nproc-per-node``).  Only the
-    pools align through the round collective, and a step's batches on a pool's ranks are neighbours in
-    cost.  Measured, it balances as well as ``pool_size=1`` with a ``pool_size`` times larger
-    ``buffer_size`` and no better (``docs/decisions/2026-12-02-pooled-windows.md``), so raise
-    ``buffer_size`` first.  The price: every rank preprocesses and holds all of its pool's samples
-    (``pool_size`` times the CPU work and the window memory); no sample moves between processes.  Needs ``mode="pad"``, dealt sharding and deterministic preprocessing (a
-    pool's ranks must measure each sample alike, checked every round).  1: no pooling."""
     exchange: bool = False
-    """The round exchange (`odb.batching.exchange`): after each round's collective every rank computes, from
-    the gathered fills of every rank's batches, one plan that re-deals the round's batches across the ranks
-    by decreasing fill, so a step's batches are neighbours in cost across the whole group, not only within
-    one rank's window; the batches the plan moves are sent point to point on the loader's gloo group
-    (pickled samples), one round after they were formed.  Simulated at 64 to 1,024 ranks with
-    ``pool_size=8`` it predicts 0.975-1.029x the sorted offline oracle's throughput at 80 points
-    (``paper_repro/results/scale_grid_exchange_202612.md``), sending 7-16% of the batches between pools
-    (at most about 2 MB per rank per round for text at 1,024 ranks):
-    ``docs/decisions/2026-12-05-exchange-design.md``.  The price: one more round of batches held (about 3W
-    samples in host memory), those bytes, and a pass longer by one header collective.  Needs ``mode="pad"``
-    or ``"quota"`` and dealt sharding.  False: every batch runs on the rank that formed it."""
     exchange_slack: float = 0.0
-    """With ``exchange=True``: the share of a round's step time (by the fills) its plan may spend on
-    balancing the steps' budget cost too (`odb.batching.exchange`, budget balance), 0 to 0.1, rounded to
-    0.0001.  0: the plan aligns step time only, and a step can hold batches alike in time and far apart in
-    budget cost.  Simulated with ``pool_size=8`` at 0.0125 at 80 points of 64 to 1,024 ranks
-    (``docs/decisions/2026-12-05-exchange-budget-balance.md``): budget-cost straggler efficiency 0.969-0.997
-    (0.947-0.997 at 0), predicted throughput 0.994-1.004x that of 0 (median 1.000), and up to 2.9 times the
-    batches moved, so the default stays 0."""
     progress: bool = False
-    """Show a tqdm bar per pass counted in samples of every rank (the gathered counts; the number of steps
-    is not known ahead, the number of samples is); pass ``progress=(rank == 0)`` for one bar."""
 
     def __post_init__(self) -> None:
         def bad(name, want):
@@ -231,7 +216,7 @@ class LoaderSettings:
 
         packs = counts_shifted(collate_fn)
         if self.shift_labels is None:
-            return packs
+            return True  # the causal LM's targets; with a packing collate the only right count
         if packs and not self.shift_labels:
             raise ConfigError("shift_labels=False with a packing collate: it masks each sample's first label, so the "
                               "loss targets are each sample's labels[1:] and counting labels as given would count one "
@@ -273,3 +258,9 @@ class LoaderSettings:
                 P("collate_fn", P.POSITIONAL_OR_KEYWORD, default=None), P("settings", P.KEYWORD_ONLY, default=None)]
         return inspect.Signature(head + [P(f.name, P.KEYWORD_ONLY, default=P.empty if f.default is dataclasses.MISSING
                                            else f.default) for f in dataclasses.fields(cls) if f.name != "token_budget"])
+
+
+def settings_help() -> str:
+    """The ``:ivar`` lines of `LoaderSettings`'s docstring: one entry per setting (for ``help()``)."""
+    doc = LoaderSettings.__doc__ or ""
+    return "Settings (keywords; `LoaderSettings`):\n\n    " + doc[doc.index(":ivar"):].strip()
