@@ -9,7 +9,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full examples clean
+.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full examples docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.stamp-test: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-all: pyproject.toml constraints.txt | $(BIN)/python
-	$(INSTALL) -e '.[test,adapters,repro]'
+	$(INSTALL) -e '.[test,adapters,repro,docs]'
 	touch $@ $(VENV)/.stamp-test
 
 install: $(VENV)/.stamp-all  ## everything: library, proofs, tests, adapters, repro
@@ -29,6 +29,9 @@ test: $(VENV)/.stamp-all  ## the whole test suite (CI runs this)
 
 test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process tiers
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not adapters"
+
+docs: $(VENV)/.stamp-all  ## the documentation site into site/ (MkDocs, --strict: a broken link or reference fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
 examples: $(VENV)/.stamp-all  ## every example, 2 gloo ranks
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_examples.py
@@ -65,4 +68,4 @@ repro-full: $(VENV)/.stamp-all  ## the larger grid
 	$(BIN)/python -m paper_repro.repro --full
 
 clean:
-	rm -rf $(VENV) $(REL) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(REL) build site *.egg-info .pytest_cache .hypothesis
