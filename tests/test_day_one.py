@@ -247,16 +247,19 @@ def test_a_lightning_training_step_without_pop_loss_weight_is_refused():
 # -- budgets and fillers ----------------------------------------------------------------------------------------
 def test_an_over_budget_sample_is_announced_once_per_epoch_and_in_the_epochs_summary(caplog):
     # defect: a 1,000-token sample under a 512 budget trained as a batch of twice the budget, silently
-    lengths = [20] * 30 + [1000, 900]
-    with odb.ODBDataLoader(Samples(lengths), 512, id_collate, buffer_size=8) as loader:
+    lengths = [20] * 300
+    # far apart in the unshuffled order: the engine (at most 8 batches ahead) counts the second one after the
+    # consumer has seen the first
+    lengths[3], lengths[290] = 500, 450
+    with odb.ODBDataLoader(Samples(lengths), 64, id_collate, buffer_size=8, shuffle=False) as loader:
         for epoch in range(2):
             with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO", logger="odb"):
                 warnings.simplefilter("always")
                 caplog.clear()
-                assert sorted(_passes(loader)[0]) == list(range(32))
+                assert sorted(_passes(loader)[0]) == list(range(300))
             over = [str(w.message) for w in caught if "over the budget" in str(w.message)]
-            assert len(over) == 1 and "1.95x the budget" in over[0] and "out-of-memory" in over[0], over
-            assert "2 oversize (the costliest 1.95x the budget)" in caplog.text
+            assert len(over) == 1 and "7.81x the budget" in over[0] and "out-of-memory" in over[0], over
+            assert "2 oversize (the costliest 7.81x the budget)" in caplog.text
 
 
 def _pad_all_over_budget(rank, world_size):
