@@ -9,7 +9,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full examples docs clean
+.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full repro-gpu examples docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -63,6 +63,10 @@ bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8
 
 repro: $(VENV)/.stamp-all  ## the paper's benchmarks on this machine (< 15 min on 2 cores)
 	$(BIN)/python -m paper_repro.repro
+
+# On a GPU machine, with the python it has (torch, transformers, tokenizers): nothing is installed or built.
+repro-gpu:  ## the paper's headline on CUDA (about 8 min; exits 2 without CUDA); --plan-only and --toy: see paper_repro/gpu.py
+	$(PY) -m paper_repro.gpu
 
 repro-full: $(VENV)/.stamp-all  ## the larger grid
 	$(BIN)/python -m paper_repro.repro --full

@@ -28,9 +28,12 @@ class MethodUnavailable(RuntimeError):
 
 
 def _meta(items_or_batch: dict, local: int, global_: int, indices, scale: float = 1.0, filler: bool = False) -> dict:
-    m = items_or_batch["attention_mask"]
-    return {"local_samples": local, "global_samples": global_, "real_tokens": int(m.sum()) if not filler else 0,
-            "padded_tokens": int(m.numel()), "filler": filler, "scale": scale,
+    # a packed row (no attention_mask: an all-ones mask would turn off the model's packed-sequence detection)
+    # has no padding: every position is a token
+    m = items_or_batch.get("attention_mask")
+    real, padded = (int(m.sum()), int(m.numel())) if m is not None else (items_or_batch["input_ids"].numel(),) * 2
+    return {"local_samples": local, "global_samples": global_, "real_tokens": real if not filler else 0,
+            "padded_tokens": padded, "filler": filler, "scale": scale,
             "indices": [] if filler else [int(i) for i in indices]}
 
 
@@ -93,7 +96,8 @@ def build_length_cache(ds, rank: int = 0, world_size: int = 1) -> tuple[list[int
 
 
 class OfflineBatches:
-    """GMT / BMT from `odb.baselines`, fed a length cache the ranks build first (sharded).
+    """GMT / BMT from `odb.baselines` (and HF's rebalance sampler, `odb.baselines.peers`), fed a length cache the
+    ranks build first (sharded).
 
     The schedule's steps are shuffled per epoch with the run's seed (fairseq
     shuffles its token-budget batches the same way; without it GMT would train
@@ -116,6 +120,10 @@ class OfflineBatches:
         sizes = [(x,) for x in lengths]
         if method == "gmt":
             self.schedule = global_max_tokens(sizes, cost, world_size)
+        elif method == "hf_rebalance":  # HF's BatchRebalanceSampler (`odb.baselines.peers`), on the same cache
+            from odb.baselines.peers import hf_rebalance
+
+            self.schedule = hf_rebalance(sizes, cost, world_size, seed=spec["seed"])
         else:
             self.schedule = bucketed_max_tokens(sizes, cost, world_size, bucket=spec.get("bmt_bucket", 4096))
         self.notes = (f"length cache pass over {len(ds)} samples; "
@@ -145,10 +153,11 @@ class ODBBatches:
     Lengths are measured by the loader after `__getitem__` (`sample_len`: visual
     + text tokens), so nothing is cached beforehand (``setup_s`` is 0).  The loss
     multiplier is the loader's ``info.loss_scale`` (label-token basis); join mode
-    wraps the epoch in DDP `Join`.
+    wraps the epoch in DDP `Join`.  ``packed``: padding-free batches (`odb.batching.packed_collate`, one row
+    per batch with the keys transformers reads; text samples only) under ``cost="packed"``.
     """
 
-    def __init__(self, mode: str, ds, spec: dict, rank: int, world_size: int):
+    def __init__(self, mode: str, ds, spec: dict, rank: int, world_size: int, packed: bool = False):
         try:
             import odb
             loader_cls = odb.ODBDataLoader
@@ -159,9 +168,12 @@ class ODBBatches:
 
         att = spec.get("attention")  # the policy's attention term (`RunSpec.attention`); None: the default policy
         policy = BalancedPolicy(attention=att) if att is not None else None
-        self.loader = loader_cls(ds, token_budget=spec["budget"], collate_fn=collate_pad, length_fn=sample_len,
-                                 shuffle=True, seed=spec["seed"], num_workers=0,
-                                 buffer_size=spec.get("window", 256), mode=mode, cost="padded",
+        from odb.batching import packed_collate
+
+        self.packed = packed
+        self.loader = loader_cls(ds, token_budget=spec["budget"], collate_fn=packed_collate if packed else collate_pad,
+                                 length_fn=sample_len, shuffle=True, seed=spec["seed"], num_workers=0,
+                                 buffer_size=spec.get("window", 256), mode=mode, cost="packed" if packed else "padded",
                                  loss_basis="label_tokens", timeout_s=spec.get("timeout_s", 120), policy=policy)
         self.setup_s, self.notes = 0.0, f"mode={mode}, window={spec.get('window', 256)}, no length cache"
 
@@ -195,7 +207,9 @@ SOURCES = {
     "standardB": lambda ds, spec, r, n: FixedBatches(ds, fixed_batch_size("standardB", spec), spec, r, n),
     "gmt": lambda ds, spec, r, n: OfflineBatches("gmt", ds, spec, r, n),
     "bmt": lambda ds, spec, r, n: OfflineBatches("bmt", ds, spec, r, n),
+    "hf_rebalance": lambda ds, spec, r, n: OfflineBatches("hf_rebalance", ds, spec, r, n),
     "odb_pad": lambda ds, spec, r, n: ODBBatches("pad", ds, spec, r, n),
+    "odb_packed": lambda ds, spec, r, n: ODBBatches("pad", ds, spec, r, n, packed=True),
     "odb_join": lambda ds, spec, r, n: ODBBatches("join", ds, spec, r, n),
 }
 
