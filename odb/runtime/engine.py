@@ -4,7 +4,9 @@ Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
     quit     the rank's stop status, the table's input ``in.quit``: OK (0); CLOSED (1): the consumer
              stopped iterating (close(), a break, garbage collection); FAILED (2): a local error
-    out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``
+    out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``; it holds at
+             most W samples of released batches (one round's worth; always one batch), so a rank holds about
+             3W preprocessed samples: the window, the round's batches held until the next collective, the queue
 
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
 collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.
@@ -47,12 +49,14 @@ class Engine:
     ``timeout_s``."""
 
     def __init__(self, *, core: RankCore, source, group, timeout_s: float, trace: TraceWriter | None,
-                 queue_size: int, stats):
+                 queue_samples: int, stats):
         self.core, self.group, self.timeout_s, self.trace, self.stats = core, group, timeout_s, trace, stats
         self.rank, self.world_size, self.epoch = core.rank, core.world_size, core.epoch
         self.source = source
         source.stopping = lambda: self._quit != OK  # a fetch waiting on a worker gives up when this rank stops
-        self.out: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.out: queue.Queue = queue.Queue()
+        self._room = threading.Condition()        # the queue's samples, bounded by `queue_samples`
+        self._queued, self._limit = 0, queue_samples
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
@@ -213,13 +217,23 @@ class Engine:
 
     # -- output ------------------------------------------------------------------------
     def _put(self, item) -> None:
-        """Queue `item` for the consumer; once stopping (quit > 0) it is dropped (nobody reads it)."""
-        while self._quit == OK:
-            try:
-                self.out.put(item, timeout=0.05)
+        """Queue `item` for the consumer once the queue has room for its samples; once stopping (quit > 0) it
+        is dropped (nobody reads it)."""
+        n = len(item[1].samples) if item[0] == "batch" else 0
+        with self._room:
+            while self._quit == OK and self._queued and self._queued + n > self._limit:
+                self._room.wait(0.05)
+            if self._quit != OK:
                 return
-            except queue.Full:
-                continue
+            self._queued += n
+        self.out.put(item)
+
+    def taken(self, item) -> None:
+        """The consumer took `item` from the queue: its samples leave the queue's count."""
+        if item[0] == "batch":
+            with self._room:
+                self._queued -= len(item[1].samples)
+                self._room.notify()
 
     def _deliver_error(self, e: BaseException) -> None:
         while True:  # the consumer gets the error at once, ahead of queued batches
@@ -227,5 +241,8 @@ class Engine:
                 self.out.get_nowait()
             except queue.Empty:
                 break
+        with self._room:
+            self._queued = 0
+            self._room.notify()
         self.out.put(("error", e))
 

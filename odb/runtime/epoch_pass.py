@@ -232,7 +232,9 @@ class Pass:
         eng = self._eng
         while True:
             try:
-                return eng.out.get(timeout=1.0)
+                item = eng.out.get(timeout=1.0)
+                eng.taken(item)
+                return item
             except queue.Empty:  # make sure the engine is still alive
                 if not eng.thread.is_alive() and eng.out.empty():
                     raise ProtocolError(f"rank {eng.rank}: the engine thread ended without a result "
@@ -345,6 +347,6 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
                     lane=loader.rank % lanes, traced=trace is not None)
     eng = Engine(core=core, source=loader._source, group=loader._group.group, timeout_s=loader.timeout_s, trace=trace,
-                 queue_size=max(2, s.buffer_size), stats=loader.stats)
+                 queue_samples=loader.layout.window, stats=loader.stats)
     eng.start()
     return eng

@@ -25,7 +25,9 @@ from ..errors import ConfigError
 
 __all__ = ["EpochLedger", "STATE_VERSION", "ranges", "merge_states"]
 
-STATE_VERSION = 3  # 3: 'kind', 'order', 'mode' and the consumed steps and samples (elastic resume); 2 still loads
+# 4: 'shuffle', and each rank's 'base' (the positions a merged state gave it); 3: 'kind', 'order', 'mode' and the
+# consumed steps and samples (elastic resume).  2 and 3 still load.
+STATE_VERSION = 4
 
 
 def ranges(positions) -> list[list[int]]:
@@ -42,7 +44,8 @@ def ranges(positions) -> list[list[int]]:
 class EpochLedger:
     """This rank's record of one epoch: ``done`` positions, ``complete`` (the last pass ran to its end),
     ``num_positions`` (the length of the epoch's order; -1 for a stream; None before the first pass),
-    ``steps`` and ``samples`` (batches, and every rank's samples in them, consumed this epoch)."""
+    ``steps`` and ``samples`` (batches, and every rank's samples in them, consumed this epoch), ``base`` (of
+    ``done``, what a merged state gave every rank alike with dealt sharding: a later merge counts it once)."""
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -50,18 +53,19 @@ class EpochLedger:
         self.complete = False
         self.num_positions: int | None = None
         self.steps = self.samples = 0
+        self.base: set = set()
         self.loaded = False  # a state was loaded since the last pass began: the next pass continues it
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; another epoch forgets what the old one yielded."""
         if epoch != self.epoch:
-            self.done, self.complete, self.steps, self.samples = set(), False, 0, 0
+            self.done, self.complete, self.steps, self.samples, self.base = set(), False, 0, 0, set()
         self.epoch = epoch
 
     def start_pass(self, num_positions: int) -> None:
         """A pass begins: from the loaded position after a load, else the epoch starts again from nothing."""
         if self.complete or not self.loaded:
-            self.done, self.complete, self.steps, self.samples = set(), False, 0, 0
+            self.done, self.complete, self.steps, self.samples, self.base = set(), False, 0, 0, set()
         self.loaded = False
         self.num_positions = num_positions
 
@@ -73,13 +77,15 @@ class EpochLedger:
             self.steps += 1
             self.samples += int(global_samples)
 
-    def state_dict(self, *, world_size: int, rank: int, seed: int, sharding: str, order: str, mode: str) -> dict:
+    def state_dict(self, *, world_size: int, rank: int, seed: int, shuffle: bool, sharding: str, order: str,
+                   mode: str) -> dict:
         return {"version": STATE_VERSION, "kind": "rank", "world_size": world_size, "rank": rank, "seed": seed,
-                "sharding": sharding, "order": order, "mode": mode, "epoch": self.epoch,
+                "shuffle": shuffle, "sharding": sharding, "order": order, "mode": mode, "epoch": self.epoch,
                 f"rank_{rank}": {"done": ranges(self.done), "complete": self.complete,
-                                 "num_positions": self.num_positions, "steps": self.steps, "samples": self.samples}}
+                                 "num_positions": self.num_positions, "steps": self.steps, "samples": self.samples,
+                                 "base": ranges(self.base)}}
 
-    def load_state_dict(self, state: Mapping, *, world_size: int, rank: int, seed: int, sharding: str,
+    def load_state_dict(self, state: Mapping, *, world_size: int, rank: int, seed: int, shuffle: bool, sharding: str,
                         order: str, positions_of: Callable[[int], int], global_positions: int | None) -> None:
         """Load a state (strict: every field is validated and anything else raises ConfigError naming
         the field and what was found).
@@ -88,7 +94,7 @@ class EpochLedger:
         (`merge_states`) loads on any world size.  `positions_of(epoch)` gives the length of this
         rank's order of that epoch now (-1 for a stream); `global_positions` the loader's global
         order's length (None without the loader's own order)."""
-        sd = _check_common(state, seed=seed, sharding=sharding)
+        sd = _check_common(state, seed=seed, shuffle=shuffle, sharding=sharding)
         if sd.pop("kind", "rank") == "global":
             return self._load_global(sd, world_size=world_size, rank=rank, sharding=sharding, order=order,
                                      global_positions=global_positions)
@@ -112,6 +118,7 @@ class EpochLedger:
         self.set_epoch(epoch)
         self.done, self.complete = _positions(rec["done"], now), rec["complete"]
         self.num_positions, self.steps, self.samples = rec["num_positions"], rec["steps"], rec["samples"]
+        self.base = _positions(rec["base"], now)
         self.loaded = True
 
     def _load_global(self, sd: dict, *, world_size: int, rank: int, sharding: str, order: str,
@@ -128,16 +135,18 @@ class EpochLedger:
         complete = sd.pop("complete", None)
         if not isinstance(complete, bool):
             raise ConfigError(f"merged state has complete={complete!r}; it must be True or False")
-        for key in ("world_size", "order", "mode", "steps", "samples"):  # what the merge checked and recorded
+        samples = sd.pop("samples", 0)  # every rank's samples consumed before the checkpoint (the progress bar's start)
+        for key in ("world_size", "order", "mode", "steps"):  # what the merge checked and recorded
             sd.pop(key, None)
         if sd:
             raise ConfigError(f"merged state has unknown keys {sorted(sd)}; refusing to guess what they mean")
         self.set_epoch(epoch)
-        if sharding == "dealt":  # global positions, the whole order's
+        if sharding == "dealt":  # global positions, the whole order's: every rank holds them all, as its base
             mine = set(done)
         else:  # this rank's round-robin slice of the same permutation: global q -> local (q - rank) / N
             mine = {(q - rank) // world_size for q in done if q % world_size == rank}
-        self.done, self.complete, self.steps, self.samples = mine, complete, 0, 0
+        self.done, self.complete, self.steps, self.samples = mine, complete, 0, int(samples)
+        self.base = set(mine) if sharding == "dealt" else set()
         self.num_positions = total if sharding == "dealt" else len(range(rank, total, world_size))
         self.loaded = True
 
@@ -154,8 +163,8 @@ def merge_states(states: Sequence[Mapping]) -> dict:
         raise ConfigError("merge_states needs every rank's state; got none")
     recs: dict[int, Mapping] = {}
     for k, st in enumerate(states):
-        if not isinstance(st, Mapping) or st.get("kind", "rank") != "rank" or st.get("version") != STATE_VERSION:
-            raise ConfigError(f"state {k} is not a version-{STATE_VERSION} per-rank ODBDataLoader.state_dict "
+        if not isinstance(st, Mapping) or st.get("kind", "rank") != "rank" or st.get("version") not in (3, STATE_VERSION):
+            raise ConfigError(f"state {k} is not a version-3 or -{STATE_VERSION} per-rank ODBDataLoader.state_dict "
                               f"(version {st.get('version') if isinstance(st, Mapping) else None!r})")
         r = st.get("rank")
         if r in recs:
@@ -168,7 +177,7 @@ def merge_states(states: Sequence[Mapping]) -> dict:
         raise ConfigError(f"merge_states got the states of ranks {sorted(recs, key=str)}, but they were written "
                           f"by {n} ranks: {'ranks ' + str(missing) + ' missing' if missing else 'unknown ranks'}; "
                           "every rank's state of the same checkpoint is needed")
-    for key in ("world_size", "seed", "sharding", "epoch", "mode", "order"):
+    for key in ("world_size", "seed", "shuffle", "sharding", "epoch", "mode", "order"):
         vals = {repr(st.get(key)) for st in recs.values()}
         if len(vals) > 1:
             raise ConfigError(f"the states disagree on {key!r} ({sorted(vals)}); they are not from one run's checkpoint")
@@ -190,15 +199,20 @@ def merge_states(states: Sequence[Mapping]) -> dict:
         raise ConfigError(f"the states' orders do not fit one order (positions per rank "
                           f"{[row['num_positions'] for row in rows]}); they are not from one run, or were taken "
                           "before the first pass")
-    seen: dict[int, int] = {}
+    bases = [_positions(row["base"], row["num_positions"]) for row in rows]
+    if any(b != bases[0] for b in bases):  # a merged state gives every rank the same base (dealt)
+        raise ConfigError("the states' ranks resumed from different merged states: they are not from one run")
+    seen: dict[int, int] = dict.fromkeys(bases[0], -1)  # counted once, not as each rank's
     for r, row in enumerate(rows):
-        for q in _positions(row["done"], row["num_positions"]):
+        for q in _positions(row["done"], row["num_positions"]) - bases[0]:
             g = q if sharding == "dealt" else r + q * n
             if g in seen:
                 raise ConfigError(f"position {g} of the order was yielded by ranks {seen[g]} and {r}: the states are "
                                   "not from one checkpoint, or were changed")
             seen[g] = r
-    return {"version": STATE_VERSION, "kind": "global", "world_size": n, "seed": first["seed"], "sharding": sharding,
+    shuffle = {"shuffle": first["shuffle"]} if "shuffle" in first else {}  # version-3 states did not record it
+    return {"version": STATE_VERSION, "kind": "global", "world_size": n, "seed": first["seed"], **shuffle,
+            "sharding": sharding,
             "order": order, "mode": mode, "epoch": first["epoch"], "num_positions": total, "done": ranges(seen),
             "complete": all(row["complete"] for row in rows), "steps": [row["steps"] for row in rows],
             "samples": max(row["samples"] for row in rows)}
@@ -222,15 +236,18 @@ def _same_checkpoint(rows: list[dict], mode: str) -> None:
                           "from different checkpoints")
 
 
-def _check_common(state, *, seed: int, sharding: str) -> dict:
+def _check_common(state, *, seed: int, shuffle: bool, sharding: str) -> dict:
     if not isinstance(state, Mapping):
         raise ConfigError(f"state must be a mapping from ODBDataLoader.state_dict, got {type(state).__name__}")
     sd = dict(state)
     version = sd.pop("version", None)
-    if version not in (2, STATE_VERSION) or isinstance(version, bool):
-        raise ConfigError(f"state version {version!r} is not supported (this loader reads 2 and {STATE_VERSION})")
-    for key, mine, why in (("seed", seed, "the sample order would change"),
-                           ("sharding", sharding, "positions would mean other samples")):
+    if version not in (2, 3, STATE_VERSION) or isinstance(version, bool):
+        raise ConfigError(f"state version {version!r} is not supported (this loader reads 2 to {STATE_VERSION})")
+    checks = [("seed", seed, "the sample order would change"),
+              ("sharding", sharding, "positions would mean other samples")]
+    if "shuffle" in sd:  # every state this version writes records it; older ones did not
+        checks.append(("shuffle", shuffle, "the sample order would change: positions would mean other samples"))
+    for key, mine, why in checks:
         _expect(sd, key, mine, why)
     return sd
 
@@ -260,6 +277,7 @@ def _rank_record(mine, rank: int) -> dict:
         raise ConfigError(f"state's rank_{rank} lacks {sorted(missing)}")
     out = {k: rec.pop(k) for k in ("done", "complete", "num_positions")}
     out["steps"], out["samples"] = rec.pop("steps", 0), rec.pop("samples", 0)
+    out["base"] = rec.pop("base", [])  # version 4
     if rec:
         raise ConfigError(f"rank state has unknown keys {sorted(rec)}")
     if not isinstance(out["complete"], bool):

@@ -256,7 +256,8 @@ class ODBDataLoader:
         to resume on any number of ranks.  Dealt: the next pass gathers every rank's record, so all
         ranks resume together."""
         return self.ledger.state_dict(world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                      sharding=self.sharding, order=self._order_kind(), mode=self.mode)
+                                      shuffle=self.settings.shuffle, sharding=self.sharding, order=self._order_kind(),
+                                      mode=self.mode)
 
     def load_state_dict(self, state: Mapping) -> None:
         """Resume from this rank's `state_dict()` (same rank, world size, seed and sharding), or from a
@@ -271,7 +272,8 @@ class ODBDataLoader:
             return -1 if order is None else len(order)
         own = self._order_kind() == "own"
         self.ledger.load_state_dict(state, world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                    sharding=self.sharding, order=self._order_kind(), positions_of=positions_of,
+                                    shuffle=self.settings.shuffle, sharding=self.sharding, order=self._order_kind(),
+                                    positions_of=positions_of,
                                     global_positions=len(self.dataset) if own else None)
         if isinstance(state, Mapping) and state.get("kind") == "global":
             self.set_epoch(self.ledger.epoch)  # the sampler and the dataset follow the merged state's epoch

@@ -61,7 +61,8 @@ class LoaderSettings:
         counts padded tokens: rows x the longest sample's tokens <= token_budget.  Start from the largest
         batch that fits your GPU at your longest sample (``docs/getting-started.md``).  Compared.
     :ivar buffer_size: the window W: samples per rank that each round packs (default 1024, the paper's
-        recipes').  Larger packs better; each rank holds about 2W preprocessed samples, and the first batch
+        recipes').  Larger packs better; each rank holds at most about 3W preprocessed samples (the window,
+        the round held until the next collective, the released batches not yet taken), and the first batch
         of a pass waits for the first W.  Compared.
     :ivar mode: "pad" (default: every rank the same steps, zero-weight fillers, every sample once), "join"
         (every sample once, ranks end at different steps; the loop runs in ``join_context``) or "quota"

@@ -43,6 +43,7 @@ X = "tests/test_exchange.py::"
 K = "tests/test_check_packing.py::"
 E = "tests/test_runtime_exchange.py::"
 D = "tests/test_day_one.py::"
+F = "tests/test_feature_edges.py::"
 
 
 @dataclass(frozen=True)
@@ -1027,6 +1028,36 @@ MUTANTS: tuple[CodeMutant, ...] = (
                'if "train_samples_per_second" in logs and runtime and self.odb_stream is None:',
                (D + "test_the_readmes_hf_trainer_recipe_runs_as_written_and_reports_real_throughput",),
                "the Trainer's samples per second stays steps x per_device_train_batch_size"),
+    # -- the new features' edges (issue 50) ------------------------------------------------------------------------
+    CodeMutant("receive_failure_not_the_datas", "odb/runtime/transport.py",
+               "            except Exception as e:  # the samples' own objects (a class only the sender has, memory)",
+               "            except ValueError as e:  # the samples' own objects (a class only the sender has, memory)",
+               (F + "test_a_batch_its_receiver_cannot_unpickle_stops_every_rank_through_the_table_and_the_next_epoch_runs",),
+               "a batch its receiver cannot unpickle is reported as a dead peer, outside the table"),
+    CodeMutant("bfloat16_through_torchs_storage", "odb/runtime/transport.py",
+               "                not obj.requires_grad and not obj.is_quantized:",
+               "                not obj.requires_grad and not obj.is_quantized and obj.dtype != torch.bfloat16:",
+               (F + "test_a_moved_view_ships_only_its_bytes",),
+               "a bfloat16 view is pickled through torch's storage: its whole table is sent"),
+    CodeMutant("merge_counts_the_base_on_every_rank", "odb/runtime/ledger.py",
+               'for q in _positions(row["done"], row["num_positions"]) - bases[0]:',
+               'for q in _positions(row["done"], row["num_positions"]):',
+               (F + "test_a_job_resized_twice_in_one_epoch_resumes_exactly_once",),
+               "a second elastic merge sees the first merge's positions on every rank and refuses"),
+    CodeMutant("shuffle_not_checked_on_resume", "odb/runtime/ledger.py",
+               '    if "shuffle" in sd:  # every state this version writes records it; older ones did not',
+               '    if False:  # every state this version writes records it; older ones did not',
+               (F + "test_restarting_with_another_shuffle_is_refused",),
+               "a state saved with shuffle=True loads into a loader with shuffle=False"),
+    CodeMutant("output_queue_unbounded", "odb/runtime/engine.py",
+               "self._queued + n > self._limit:", "self._queued + n > 100 * self._limit:",
+               (F + "test_host_memory_stays_within_three_windows_while_the_consumer_pauses",),
+               "the released batches' queue grows without bound while the consumer pauses"),
+    CodeMutant("elastic_progress_from_zero", "odb/runtime/ledger.py",
+               "self.done, self.complete, self.steps, self.samples = mine, complete, 0, int(samples)",
+               "self.done, self.complete, self.steps, self.samples = mine, complete, 0, 0",
+               (F + "test_after_an_elastic_resume_the_progress_counts_from_the_checkpoint",),
+               "after an elastic resume the progress starts at 0"),
 )
 
 
