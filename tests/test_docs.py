@@ -116,7 +116,7 @@ def test_the_docs_site_builds_strictly(tmp_path):
 
 
 PUBLIC = ["odb", "odb.batching", "odb.integrations", "odb.integrations.hf", "odb.integrations.trl",
-          "odb.integrations.accelerate", "odb.integrations.lightning", "odb.runtime"]
+          "odb.integrations.accelerate", "odb.integrations.lightning", "odb.runtime", "odb.plan"]
 
 
 def test_every_public_name_has_a_docstring():

@@ -274,7 +274,7 @@ class Pass:
         if st.oversize > self._oversize0:
             self._announce_oversize()
         self._yielded += 1
-        self._observer.batch(info)
+        self._observer.batch(info, b.sizes if not info.filler else ())
         return batch
 
     def _announce_oversize(self) -> None:

@@ -112,6 +112,7 @@ class ODBDataLoader:
         self._pass = None             # a weak reference to the last pass (refused operations while it is open)
         self._epoch_chosen = False    # set_epoch since the last pass began (else a completed epoch advances)
         self.joined = 0               # open join contexts around this loader (`odb.integrations.join_context`)
+        self.hinted = False           # the planner's hint was logged (once per loader: `odb.runtime.observe`)
         self.closed = False
         _OPEN.add(self)
 

@@ -50,16 +50,23 @@ def make_bar(total: int | None, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="sample", dynamic_ncols=True)
 
 
+# The first completed pass whose balance misses this asks `odb plan` what a larger window would buy (once per
+# loader, rank 0, and only where the simulation is quick: at most `HINT_SAMPLES` simulated samples).
+HINT_BALANCE, HINT_SAMPLES = 0.97, 300_000
+
+
 class PassObserver:
-    """The summary and the bar of one pass of `loader` (module docstring)."""
+    """The summary and the bar of one pass of `loader` (module docstring), and the planner's hint."""
 
     def __init__(self, loader, epoch: int, total: int | None, before: LoaderStats):
         self._before, self._t0 = before, time.perf_counter()
         self.epoch, self._bar = epoch, None
+        self.lengths: list[int] = []  # this rank's samples' tokens this pass (the hint's sample of the data)
         if loader.settings.progress:
             self._bar = make_bar(total, loader.ledger.samples, f"odb epoch {epoch}")
 
-    def batch(self, info: StepInfo) -> None:
+    def batch(self, info: StepInfo, sizes=()) -> None:
+        self.lengths += sizes
         if self._bar is not None:
             self._bar.update(info.global_samples)
 
@@ -70,5 +77,36 @@ class PassObserver:
             self._bar.close()
             self._bar = None
         if completed and LOG.isEnabledFor(logging.INFO):
-            LOG.info(summary_line(loader.stats.since(self._before), epoch=self.epoch, rank=loader.rank,
-                                  world_size=loader.world_size))
+            delta = loader.stats.since(self._before)
+            LOG.info(summary_line(delta, epoch=self.epoch, rank=loader.rank, world_size=loader.world_size))
+            balance = delta.token_balance()
+            if loader.rank == 0 and not loader.hinted and balance is not None and balance < HINT_BALANCE:
+                loader.hinted = True
+                LOG.info(plan_hint(loader, self.lengths, balance))
+
+
+def plan_hint(loader, lengths: list[int], balance: float) -> str:
+    """What `odb plan` predicts a larger ``buffer_size`` would buy, from this rank's lengths of the pass."""
+    s, n, w = loader.settings, loader.world_size, loader.settings.buffer_size
+    cost = s.cost if isinstance(s.cost, str) else None
+    if cost not in ("padded", "packed") or not isinstance(s.token_budget, (int, float)) or len(lengths) < 2:
+        return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}); `odb plan` on your data's lengths "
+                "predicts what another buffer_size or placement would give (docs/guide/planning.md)")
+    windows = [w, 2 * w, 4 * w]
+    if n * 2 * windows[-1] > HINT_SAMPLES:
+        return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}) at buffer_size={w}; run `odb plan` on "
+                f"your data's lengths with --world-size {n} to see what buffer_size={2 * w} or pooling would give "
+                "(docs/guide/planning.md)")
+    from ..plan import plan
+
+    try:
+        report = plan(lengths, world_size=n, budgets=[int(s.token_budget)], windows=windows, cost=cost,
+                      seed=s.seed, num_samples=len(lengths) * n)
+    except Exception as e:  # noqa: BLE001 - a hint: never the training's failure
+        return f"odb: token balance {balance:.3f}; the planner's hint failed ({type(e).__name__}: {e})"
+    by = {p.candidate.buffer_size: p for p in report.predictions if p.candidate.pool_size == 1}
+    parts = [f"buffer_size={v}{' (now)' if v == w else ''}: straggler {by[v].straggler_efficiency:.3f}, "
+             f"{by[v].throughput_vs_gmt:.3f}x the offline oracle's throughput, about {3 * v} samples in host memory "
+             "per rank" for v in windows]
+    return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}); `odb plan` on this rank's {len(lengths)} "
+            f"lengths at {n} ranks predicts: " + "; ".join(parts) + " (docs/guide/planning.md)")

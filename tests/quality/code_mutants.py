@@ -44,6 +44,7 @@ K = "tests/test_check_packing.py::"
 E = "tests/test_runtime_exchange.py::"
 D = "tests/test_day_one.py::"
 F = "tests/test_feature_edges.py::"
+PL = "tests/test_plan.py::"
 
 
 @dataclass(frozen=True)
@@ -1058,6 +1059,19 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "self.done, self.complete, self.steps, self.samples = mine, complete, 0, 0",
                (F + "test_after_an_elastic_resume_the_progress_counts_from_the_checkpoint",),
                "after an elastic resume the progress starts at 0"),
+    # -- the planner (issue 53) -------------------------------------------------------------------------------------
+    CodeMutant("planner_order_not_the_loaders", "odb/plan/planner.py",
+               "shard_order(len(lengths), 0, 1, True, seed, 0)", "shard_order(len(lengths), 0, 1, True, seed + 1, 0)",
+               (PL + "test_given_every_length_the_plan_is_the_loaders_own_run_on_gloo_ranks",),
+               "the planner deals the lengths in another order than the loader's: its figures are another run's"),
+    CodeMutant("planner_recommends_a_miss", "odb/plan/planner.py", "meets = [p for p in mine if not p.misses]",
+               "meets = list(mine)",
+               (PL + "test_with_several_ranks_per_host_it_weighs_pooling_and_the_exchange_and_says_why",),
+               "the recommendation takes the cheapest candidate whether or not it meets the targets"),
+    CodeMutant("plan_hint_on_every_rank", "odb/runtime/observe.py",
+               "if loader.rank == 0 and not loader.hinted and", "if not loader.hinted and",
+               (PL + "test_an_epoch_that_misses_the_balance_target_says_once_what_a_larger_window_would_buy",),
+               "every rank logs the planner's hint (and pays its simulation)"),
 )
 
 

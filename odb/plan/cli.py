@@ -1,0 +1,165 @@
+"""``odb plan``: the planner on the command line, and the ways to give it lengths.
+
+    odb plan LENGTHS --world-size N [--ranks-per-host G] [--budget B ...] [--window W ...] [--cost packed]
+             [--column NAME] [--num-samples S] [--json] [--plot PATH]
+
+LENGTHS: a ``.npy`` (1-D ints), a ``.txt`` (ints separated by white space), a ``.jsonl`` (``--column``: a
+number, or a list whose length counts, per line), a ``.parquet`` file (``--column``; needs pyarrow) or a
+folder a `datasets.Dataset` was saved to (``--column``; needs datasets).  From a dataset object in Python,
+`measure` reads lengths the way the loader does (``length_fn``), on a random sample, timing preprocessing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["read_lengths", "measure", "main"]
+
+
+def _count(v) -> int:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if hasattr(v, "__len__"):
+        return len(v)
+    raise ConfigError(f"a length must be an int or a sequence whose length counts, got {type(v).__name__}")
+
+
+def read_lengths(path: str, column: str | None = None) -> np.ndarray:
+    """Post-preprocessing lengths from a file or a saved dataset (module docstring); ConfigError names the fix."""
+    if os.path.isdir(path):
+        try:
+            from datasets import load_from_disk
+        except ImportError:
+            raise ConfigError(f"{path} is a folder: reading a saved dataset needs `datasets` (pip install datasets)") \
+                from None
+        if column is None:
+            raise ConfigError("a saved dataset needs --column (the one holding lengths or token lists)")
+        return np.asarray([_count(v) for v in load_from_disk(path)[column]], dtype=np.int64)
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        return np.asarray(np.load(path), dtype=np.int64).reshape(-1)
+    if ext in (".txt", ".csv", ""):
+        with open(path) as f:
+            return np.asarray([int(float(t)) for t in f.read().replace(",", " ").split()], dtype=np.int64)
+    if ext == ".jsonl":
+        if column is None:
+            raise ConfigError("a .jsonl file needs --column (the field holding a length or a token list)")
+        with open(path) as f:
+            return np.asarray([_count(json.loads(line)[column]) for line in f if line.strip()], dtype=np.int64)
+    if ext == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("reading .parquet needs pyarrow (pip install pyarrow)") from None
+        if column is None:
+            raise ConfigError("a .parquet file needs --column")
+        return np.asarray([_count(v) for v in pq.read_table(path, columns=[column])[column].to_pylist()],
+                          dtype=np.int64)
+    raise ConfigError(f"cannot read lengths from {path!r}: give a .npy, .txt, .jsonl or .parquet file, or a saved "
+                      "dataset's folder")
+
+
+def measure(dataset, *, num: int = 2000, length_fn: Callable | None = None, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Lengths of up to `num` random samples of `dataset` (map-style), measured as the loader measures them
+    (``length_fn``, default the 1-D ``input_ids``; tokens first), and the mean seconds of one sample's
+    preprocessing (``dataset[i]``).  Samples that preprocess to None are left out."""
+    from ..runtime.source import default_length
+
+    idx = np.random.default_rng(seed).permutation(len(dataset))[:num]
+    out, t = [], 0.0
+    for i in idx:
+        t0 = time.perf_counter()
+        s = dataset[int(i)]
+        t += time.perf_counter() - t0
+        if s is None:
+            continue
+        v = default_length(s) if length_fn is None else length_fn(s)
+        out.append(int(v[0] if isinstance(v, (tuple, list)) else v))
+    return np.asarray(out, dtype=np.int64), t / max(1, len(idx))
+
+
+def _plot(report, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib (pip install matplotlib); --json and the table need nothing") \
+            from None
+    preds = report.predictions
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for pool, ex, mk in ((1, False, "o"), (None, False, "s"), (None, True, "^")):
+        ps = [p for p in preds if p.candidate.exchange == ex and (p.candidate.pool_size == 1) == (pool == 1)]
+        if ps:
+            ax.scatter([p.straggler_efficiency for p in ps], [p.throughput_vs_gmt for p in ps], marker=mk,
+                       label="window" if pool == 1 else ("pooled + exchange" if ex else "pooled"))
+    r = report.recommended
+    ax.scatter([r.straggler_efficiency], [r.throughput_vs_gmt], s=160, facecolors="none", edgecolors="k",
+               label="recommended")
+    ax.axvline(0.97, color="grey", lw=0.7)
+    ax.axhline(0.97, color="grey", lw=0.7)
+    ax.set_xlabel("straggler efficiency (budget cost)")
+    ax.set_ylabel("predicted throughput / GMT's")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .planner import DEFAULT_BUDGETS, DEFAULT_WINDOWS, plan
+
+    ap = argparse.ArgumentParser(prog="odb plan", description="Predict steps, padding, balance and throughput of "
+                                 "ODB configurations on your data's lengths, before training, and recommend one.")
+    ap.add_argument("lengths", help="a .npy, .txt, .jsonl or .parquet file of post-preprocessing lengths, or a "
+                                    "saved dataset's folder")
+    ap.add_argument("--world-size", type=int, required=True, help="ranks (GPUs) that train")
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="GPUs per host (pooled candidates when > 1)")
+    ap.add_argument("--budget", type=int, action="append", help=f"a token_budget candidate (repeatable; default "
+                                                                f"{list(DEFAULT_BUDGETS)})")
+    ap.add_argument("--window", type=int, action="append", help=f"a buffer_size candidate (repeatable; default "
+                                                                f"{list(DEFAULT_WINDOWS)})")
+    ap.add_argument("--cost", default="padded", choices=["padded", "packed"], help="as the loader's cost")
+    ap.add_argument("--column", help="the field or column holding lengths (jsonl, parquet, saved dataset)")
+    ap.add_argument("--num-samples", type=int, help="the dataset's size (steps are per epoch of it)")
+    ap.add_argument("--samples-per-rank", type=int, help="the simulated epoch per rank (default: see odb.plan)")
+    ap.add_argument("--seed", type=int, default=0, help="the loader's seed (its shuffled order)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--plot", help="write a PNG of the candidates (needs matplotlib)")
+    a = ap.parse_args(argv)
+    try:
+        lengths = read_lengths(a.lengths, a.column)
+        report = plan(lengths, world_size=a.world_size, ranks_per_host=a.ranks_per_host, budgets=a.budget,
+                      windows=a.window, cost=a.cost, samples_per_rank=a.samples_per_rank, num_samples=a.num_samples,
+                      seed=a.seed)
+        if a.plot:
+            _plot(report, a.plot)
+    except (ConfigError, OSError, ValueError) as e:
+        print(f"odb plan: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0
+    i = report.inputs
+    print(f"{i['lengths']} lengths (mean {i['mean_length']:.0f}, CV {i['cv']:.2f}, max {i['max_length']}); "
+          f"{i['world_size']} ranks, {i['simulated_samples_per_rank']} samples per rank simulated"
+          f"{' (drawn with replacement)' if i['drawn_with_replacement'] else ''}; step-time model {i['step_model']}; "
+          f"{report.seconds:.1f} s\n")
+    print(report.table())
+    print("\nRecommended: ODBDataLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in
+                                                              report.recommended.candidate.settings().items()) + ")")
+    for line in report.why:
+        print(f"  - {line}")
+    return 0

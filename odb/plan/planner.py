@@ -1,0 +1,280 @@
+"""`odb plan`: what each configuration will do on your data, before training, and which one to run.
+
+Legend
+    N, G      world size, ranks per host (a pool's size when pooling)
+    W         ``buffer_size``, samples a rank packs per round
+    budget    ``token_budget`` in the cost model's units (padded tokens by default)
+    targets   straggler efficiency >= 0.97 (budget cost), steps <= 1.05x and predicted throughput >= 0.97x the
+              offline oracle GMT's (an exact length cache, a global sort): `TARGETS`
+
+How: the lengths (post-preprocessing, a sample of your data or all of it) are dealt in the loader's own
+shuffled order to N simulated ranks, each running the loader's rank core (`odb.core.sim.simulate`, the code
+the loader runs), for every candidate (budget, window, placement).  Its batches give the steps, the padding
+and the straggler efficiency (`odb.plan.metrics`); the stated step-time model (`odb.plan.stepmodel`: a 2B
+decoder on NVIDIA H20) turns them, GMT's and Standard batch 1's into predicted throughput, ODB's round
+collectives charged.  Given the lengths of the whole dataset and the loader's seed, the simulated batches
+are the loader's own, batch for batch (a test pins this on gloo ranks); given a sample, the figures are
+estimates whose error the documentation states.
+
+1. candidates: each budget x each window x the placements this N allows (pooled windows and the round
+   exchange need G ranks per host, N a multiple of G, and at least 2 pools);
+2. every candidate simulated on the same dealt order (samples drawn with replacement when more are needed
+   than given: `samples_per_rank` per rank, default 2 windows of the largest candidate); steps are scaled to
+   one epoch of `num_samples` (default: the lengths given);
+3. the recommendation: of the candidates that meet every target, the one that costs least (the smallest
+   budget whose throughput is within 5% of the best budget's, then the smallest window, then no pooling,
+   then no exchange); if none meets them, the one with the best predicted throughput, its misses named.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from .metrics import schedule_metrics
+from .stepmodel import H20_2B, StepModel, odb_round_latency, predict
+
+__all__ = ["Candidate", "Prediction", "PlanReport", "plan", "TARGETS", "DEFAULT_WINDOWS", "DEFAULT_BUDGETS"]
+
+TARGETS = {"straggler_efficiency": 0.97, "steps_vs_gmt": 1.05, "throughput_vs_gmt": 0.97}
+DEFAULT_WINDOWS = (256, 1024, 2048, 4096)
+DEFAULT_BUDGETS = (4096, 8192, 16384)  # the paper's recipes use 8192 to 16384 padded tokens
+SLACK = 0.0125  # the exchange's budget balance where it is a candidate (the slack the committed grids met with)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration: the `odb.ODBDataLoader` settings it stands for (`settings`)."""
+
+    token_budget: int
+    buffer_size: int
+    pool_size: int = 1
+    exchange: bool = False
+
+    def settings(self) -> dict:
+        """Keyword arguments for `odb.ODBDataLoader` (the defaults left out)."""
+        out = {"token_budget": self.token_budget, "buffer_size": self.buffer_size}
+        if self.pool_size > 1:
+            out["pool_size"] = self.pool_size
+        if self.exchange:
+            out.update(exchange=True, exchange_slack=SLACK)
+        return out
+
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.settings().items())
+
+
+@dataclass
+class Prediction:
+    """What one candidate does on the simulated epoch (per rank, per epoch of the planned dataset size)."""
+
+    candidate: Candidate
+    steps: float                     # optimizer steps per rank per epoch (PAD: every rank alike)
+    padding: float                   # padded share of the batches' tokens (pad collate)
+    straggler_efficiency: float      # mean over steps of mean / max rank batch cost, in budget cost
+    budget_use: float                # how full the batches are, of the budget
+    steps_vs_gmt: float
+    throughput_vs_gmt: float         # predicted samples/s over GMT's, through the step-time model
+    throughput_vs_standard: float    # and over Standard batch 1's (per device, matched nothing)
+    first_batch_s: float | None      # one window's preprocessing (None: its time was not given)
+    window_bytes: float | None       # host memory per rank: about 3 windows of samples (None: size unknown)
+    moved_share: float = 0.0         # the exchange: batches sent to another rank's pool, of all real batches
+    misses: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["candidate"] = self.candidate.settings()
+        return out
+
+
+@dataclass
+class PlanReport:
+    """The predictions, the recommended one and why (one line per choice), and the inputs."""
+
+    predictions: list[Prediction]
+    recommended: Prediction
+    why: list[str]
+    inputs: dict
+    seconds: float
+
+    def to_json(self) -> dict:
+        """What ``odb plan --json`` prints: ``recommended`` holds ``settings`` (keywords for `odb.ODBDataLoader`)
+        and ``predicted`` (``steps`` per rank per epoch, ``straggler_efficiency`` in budget cost, ``padding``)."""
+        r = self.recommended
+        return {"recommended": {"settings": r.candidate.settings(), "why": self.why, "predicted": {
+                    k: v for k, v in r.as_dict().items() if k != "candidate"}},
+                "candidates": [p.as_dict() for p in self.predictions], "inputs": self.inputs,
+                "targets": TARGETS, "seconds": self.seconds}
+
+    def table(self) -> str:
+        """The predictions as text, one line per candidate, the recommended one marked."""
+        w = max(len(p.candidate.label()) for p in self.predictions)
+        head = (f"{'':2}{'settings':{w}} {'steps':>8} {'padding':>8} {'straggler':>9} {'vs GMT':>7} {'vs Std-1':>8} "
+                f"{'moved':>6}")
+        lines = [head]
+        for p in self.predictions:
+            mark = "->" if p is self.recommended else "  "
+            lines.append(f"{mark}{p.candidate.label():{w}} {p.steps:8.1f} {p.padding:8.3f} {p.straggler_efficiency:9.3f} "
+                         f"{p.throughput_vs_gmt:6.3f}x {p.throughput_vs_standard:7.2f}x {p.moved_share:6.1%}")
+        return "\n".join(lines)
+
+
+def _candidates(world_size: int, ranks_per_host: int, budgets, windows) -> list[Candidate]:
+    g = ranks_per_host
+    pooled = g > 1 and world_size % g == 0 and world_size >= 2 * g
+    out = []
+    for b in budgets:
+        for w in windows:
+            out.append(Candidate(int(b), int(w)))
+            if pooled:
+                out += [Candidate(int(b), int(w), g), Candidate(int(b), int(w), g, exchange=True)]
+    return out
+
+
+def _dealt(lengths: np.ndarray, total: int, seed: int) -> np.ndarray:
+    """`total` lengths in the loader's dealt order: all given ones in its shuffle (``seed``, epoch 0) when that
+    many were given, else drawn with replacement (seeded)."""
+    from ..runtime.source import shard_order
+
+    if total == len(lengths):
+        return lengths[np.asarray(shard_order(len(lengths), 0, 1, True, seed, 0))]
+    return np.random.default_rng(seed).choice(lengths, size=total, replace=True)
+
+
+def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, budgets: Sequence[int] | None = None,
+         windows: Sequence[int] | None = None, cost: str = "padded", samples_per_rank: int | None = None,
+         num_samples: int | None = None, seed: int = 0, preprocess_s: float | None = None, num_workers: int = 0,
+         sample_bytes: float | None = None, step_model: StepModel = H20_2B) -> PlanReport:
+    """Predict every candidate configuration on these post-preprocessing `lengths` and recommend one.
+
+    :param lengths: tokens per sample after preprocessing (a sample of the data, or all of it).
+    :param world_size: N ranks; ``ranks_per_host`` G makes pooled windows and the exchange candidates.
+    :param budgets: candidate ``token_budget`` values (default `DEFAULT_BUDGETS`); ``windows``: candidate
+        ``buffer_size`` values (default `DEFAULT_WINDOWS`).
+    :param cost: ``"padded"`` (the loader's default) or ``"packed"`` (a padding-free collate).
+    :param samples_per_rank: the simulated epoch's samples per rank (default: all given lengths when that is
+        at least 2 windows per rank, else 2 windows of the largest candidate, drawn with replacement).
+    :param num_samples: the dataset's size: steps are per epoch of it (default: the number of lengths given).
+    :param preprocess_s: seconds to preprocess one sample, for the first batch's wait (with ``num_workers``).
+    :param sample_bytes: host bytes of one preprocessed sample, for the window's memory.
+    Raises `ConfigError` for lengths that are empty, not positive, or a world size below 1.
+    """
+    from ..baselines.offline import global_max_tokens, standard
+    from ..batching import default_policy, make_cost_model
+    from ..core.sim import simulate
+    from ..runtime.engine import header_layout
+
+    t0 = time.perf_counter()
+    lens = np.asarray([int(x) for x in lengths], dtype=np.int64)
+    if lens.size == 0 or lens.min() < 1:
+        raise ConfigError("odb plan needs at least one length, every one >= 1 token (post-preprocessing lengths)")
+    if world_size < 1 or ranks_per_host < 1:
+        raise ConfigError(f"world_size and ranks_per_host must be >= 1, got {world_size} and {ranks_per_host}")
+    if cost not in ("padded", "packed"):
+        raise ConfigError(f"cost must be 'padded' or 'packed', got {cost!r}")
+    budgets = sorted(set(budgets or DEFAULT_BUDGETS))
+    windows = sorted(set(windows or DEFAULT_WINDOWS))
+    if samples_per_rank is None:
+        given = len(lens) // world_size
+        samples_per_rank = given if given >= 2 * max(windows) else 2 * max(windows)
+    total = samples_per_rank * world_size
+    dealt = _dealt(lens, total, seed)
+    sizes = [(int(x),) for x in dealt]
+    measures = [((int(x),), int(x) - 1) for x in dealt]
+    num_samples = num_samples or len(lens)
+    scale = num_samples / total
+    collate = "pad" if cost == "padded" else "packed"
+    filler = int(np.median(dealt))
+    predictions = []
+    for b in budgets:
+        cm = make_cost_model(cost, b)
+        gmt = _predicted(global_max_tokens(sizes, cm, world_size), sizes, world_size, filler, collate, step_model)
+        std = _predicted(standard(len(sizes), world_size, 1), sizes, world_size, filler, collate, step_model)
+        for c in (c for c in _candidates(world_size, ranks_per_host, [b], windows)):
+            sim = simulate([[] for _ in range(world_size)], cm, window=c.buffer_size, mode="pad", deal=measures,
+                           pool_size=c.pool_size, exchange=c.exchange,
+                           exchange_slack=round(SLACK * 10_000) if c.exchange else 0)
+            header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
+                                   c.exchange).length
+            round_s = odb_round_latency(step_model, world_size, c.buffer_size, header)[0]
+            m = schedule_metrics(sim.batches, sizes, cm)
+            run = predict(_plan(sim.batches, sizes, world_size, filler), world_size, step_model,
+                          num_rounds=sim.rounds, round_s=round_s, collate=collate)
+            real = sum(b is not None for row in sim.batches for b in row)
+            w_samples = c.buffer_size * c.pool_size
+            p = Prediction(
+                candidate=c, steps=m["steps"] * scale, padding=m["padding"], straggler_efficiency=m["straggler_eff"],
+                budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
+                throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
+                throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
+                first_batch_s=None if preprocess_s is None else w_samples * preprocess_s / max(1, num_workers),
+                window_bytes=None if sample_bytes is None else 3 * w_samples * sample_bytes,
+                moved_share=sim.moved / max(1, real))
+            p.misses = [k for k, ok in (("straggler_efficiency", p.straggler_efficiency >= TARGETS["straggler_efficiency"]),
+                                        ("steps_vs_gmt", p.steps_vs_gmt <= TARGETS["steps_vs_gmt"]),
+                                        ("throughput_vs_gmt", p.throughput_vs_gmt >= TARGETS["throughput_vs_gmt"]))
+                        if not ok]
+            predictions.append(p)
+    rec, why = _recommend(predictions, budgets)
+    inputs = {"lengths": len(lens), "mean_length": float(lens.mean()), "cv": float(lens.std() / lens.mean()),
+              "max_length": int(lens.max()), "world_size": world_size, "ranks_per_host": ranks_per_host,
+              "cost": cost, "simulated_samples_per_rank": samples_per_rank, "drawn_with_replacement": total != len(lens),
+              "num_samples": num_samples, "seed": seed, "step_model": "H20_2B" if step_model == H20_2B
+              else repr(step_model)}
+    return PlanReport(predictions, rec, why, inputs, time.perf_counter() - t0)
+
+
+def _plan(rows, sizes, world: int, filler: int) -> list:
+    """``rows[rank][step]`` (positions, None = a filler) -> the step model's plan of lengths."""
+    steps = max(len(r) for r in rows)
+    return [[("filler", filler) if (s < len(rows[r]) and rows[r][s] is None) else
+             [sizes[i][0] for i in (rows[r][s] if s < len(rows[r]) else [])] for r in range(world)]
+            for s in range(steps)]
+
+
+def _predicted(rows, sizes, world: int, filler: int, collate: str, model: StepModel) -> dict:
+    out = predict(_plan(rows, sizes, world, filler), world, model, collate=collate)
+    return {"steps": max(len(r) for r in rows), "samples_per_s": out["samples_per_s"]}
+
+
+def _recommend(preds: list[Prediction], budgets: list[int]) -> tuple[Prediction, list[str]]:
+    # Standard batch 1 is the same run whatever the budget: the one scale all budgets are read on
+    best_by_budget = {b: max(p.throughput_vs_standard for p in preds if p.candidate.token_budget == b)
+                      for b in budgets}
+    top = max(best_by_budget.values())
+    budget = min(b for b in budgets if best_by_budget[b] >= 0.95 * top)
+    why = [f"token_budget={budget}: the smallest candidate within 5% of the best predicted throughput "
+           f"({best_by_budget[budget]:.2f}x Standard batch 1 against {top:.2f}x); it must fit your GPU: with "
+           "cost='padded' no batch holds more than rows x longest <= budget tokens"]
+    mine = [p for p in preds if p.candidate.token_budget == budget]
+    meets = [p for p in mine if not p.misses]
+
+    def price(p: Prediction):
+        c = p.candidate
+        return (c.buffer_size * c.pool_size, c.pool_size, c.exchange)
+    if meets:
+        rec = min(meets, key=price)
+        c = rec.candidate
+        why.append(f"buffer_size={c.buffer_size}: the smallest window that meets every target here (straggler "
+                   f"{rec.straggler_efficiency:.3f}, {rec.throughput_vs_gmt:.3f}x GMT's throughput, "
+                   f"{rec.steps_vs_gmt:.3f}x its steps)")
+    else:
+        rec = max(mine, key=lambda p: (p.throughput_vs_gmt, -price(p)[0]))
+        c = rec.candidate
+        why.append(f"buffer_size={c.buffer_size}: no candidate meets every target; this one predicts the best "
+                   f"throughput ({rec.throughput_vs_gmt:.3f}x GMT's) and misses {', '.join(rec.misses)} (straggler "
+                   f"{rec.straggler_efficiency:.3f}); a larger window, or pooling with the exchange, is what would help")
+    if c.pool_size > 1:
+        why.append(f"pool_size={c.pool_size}" + (", exchange=True" if c.exchange else "") +
+                   ": the window alone does not meet the targets here; the price: each rank preprocesses its "
+                   "pool's samples" + (f", and {rec.moved_share:.0%} of the batches move between ranks" if c.exchange
+                                       else ""))
+    elif any(p.candidate.pool_size > 1 for p in mine):
+        why.append("no pooling: the window alone meets the targets (pooling costs each rank its pool's "
+                   "preprocessing)" if meets else "no pooling: it predicts no better here")
+    return rec, why
