@@ -186,8 +186,10 @@ def _sync(device: torch.device) -> None:
 def run_method(method: str, cfg: Config, data, init: dict, rank: int, world: int, device: torch.device,
                accum: int) -> dict:
     """One epoch of `method` from the initial weights `init`; this rank's record."""
-    from . import sources
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from . import sources
+    from .train import accumulation_groups
 
     ds_train, val = data
     spec = {"budget": cfg.budget, "window": cfg.window, "seed": 0, "cutoff": cfg.cutoff, "kind": "lengths",
@@ -205,17 +207,8 @@ def run_method(method: str, cfg: Config, data, init: dict, rank: int, world: int
     _sync(device)
     t0 = time.perf_counter()
     with source.join_context(net):
-        it = iter(source.epoch(0))
-        done = False
-        while not done:
-            group, tw = [], time.perf_counter()
-            while len(group) < accum:
-                try:
-                    group.append(next(it))
-                except StopIteration:
-                    done = True
-                    break
-            rec["wait_s"] += time.perf_counter() - tw
+        for group, wait in accumulation_groups(source.epoch(0), accum):
+            rec["wait_s"] += wait
             if not group:
                 break
             opt.zero_grad(set_to_none=True)

@@ -59,7 +59,7 @@ from .cpu import LoopMeter
 from .data import collate_pad
 from .spec import RunSpec
 
-__all__ = ["main", "run_method", "accum_for", "round_order", "rerun", "keep_attempt", "METHODS"]
+__all__ = ["main", "run_method", "accum_for", "accumulation_groups", "round_order", "rerun", "keep_attempt", "METHODS"]
 
 METHODS = ("odb_pad", "odb_join", "gmt", "bmt", "standard1", "standardB", "standard1_noacc")
 
@@ -128,21 +128,11 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
         mine: list[int] = []
         first = True
         with source.join_context(ddp):
-            it = iter(source.epoch(epoch))
-            done = False
-            while not done:
-                # One optimizer step = up to `accum` micro-batches.  Every rank gets the same number of
-                # micro-batches per epoch from a fixed-batch source (equal shards), so the groups align;
-                # ODB and GMT/BMT run with accum 1.
-                group = []
-                tw = time.perf_counter()
-                while len(group) < accum:
-                    try:
-                        group.append(next(it))
-                    except StopIteration:
-                        done = True
-                        break
-                rec["wait_s"] += time.perf_counter() - tw
+            # One optimizer step = up to `accum` micro-batches.  Every rank gets the same number of
+            # micro-batches per epoch from a fixed-batch source (equal shards), so the groups align;
+            # ODB and GMT/BMT run with accum 1.
+            for group, wait in accumulation_groups(source.epoch(epoch), accum):
+                rec["wait_s"] += wait
                 meter.poll()
                 if not group:
                     break
@@ -189,6 +179,21 @@ def run_method(method: str, spec: dict, rank: int, world_size: int, accum: int =
     if close is not None:  # deterministic teardown on every rank (not whenever the garbage collector runs)
         close()
     return rec
+
+
+def accumulation_groups(batches, accum: int):
+    """``(group, seconds waited for it)``: `accum` items at a time from `batches`; the last group is shorter, or
+    empty when the items ran out on a group's boundary (the wait for the end is a wait too)."""
+    it = iter(batches)
+    while True:
+        group, t0 = [], time.perf_counter()
+        for _ in range(accum):
+            try:
+                group.append(next(it))
+            except StopIteration:
+                yield group, time.perf_counter() - t0
+                return
+        yield group, time.perf_counter() - t0
 
 
 def accum_for(method: str, spec: dict, done: dict, world_size: int) -> int:
