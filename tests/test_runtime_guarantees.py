@@ -373,7 +373,8 @@ def test_closing_while_the_engine_waits_on_a_hung_worker_returns_at_once():
     loader = odb.ODBDataLoader(HangsAt(100, 20), 64, id_collate, buffer_size=4, num_workers=1, shuffle=False,
                                timeout_s=120)
     it = iter(loader)
-    next(it)
+    while max(odb.pop_step_info(next(it)).indices) < 12:
+        pass  # the engine runs at most about 3 windows ahead of the consumer: bring it to index 20
     time.sleep(0.5)  # the engine reaches index 20 and waits on the hung worker
     t0 = time.monotonic()
     it.close()
