@@ -104,10 +104,13 @@ def filler_template(loader: "ODBDataLoader", order: list | None) -> Callable:
 
     def template(fallback):
         candidates = [] if order is None else (order or list(range(min(len(loader.dataset), 16))))[:16]
-        samples = [s for s in map(loader.dataset.__getitem__, candidates) if s is not None]
-        for sample in samples:
-            if fits(sample):
+        samples = []  # preprocessed one at a time: the first that fits ends the search
+        for idx in candidates:
+            sample = loader.dataset[idx]
+            if sample is not None and fits(sample):
                 return sample
+            if sample is not None:
+                samples.append(sample)
         for sample in ([fallback] if fallback is not None else []) + samples:
             cut = cut_to_budget(sample, fits)
             if cut is not None:
