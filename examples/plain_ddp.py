@@ -6,7 +6,7 @@
 Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop in DDP Join.
 ``--pool-size G`` pools the windows of G consecutive ranks (a host's, under torchrun: its
 ``--nproc_per_node``): each of them preprocesses the pool's samples and trains on its share of the pool's
-batches (`odb.core.pool`; mode "pad").  ``--exchange`` turns on the round exchange: each round's batches
+batches (`odb.core.placement`; mode "pad").  ``--exchange`` turns on the round exchange: each round's batches
 are re-dealt across the ranks by fill and moved between them (`odb.batching.exchange`; mode "pad" or "quota").
 """
 

@@ -12,7 +12,7 @@ the process, its imports' too (torch's among them: about 170,000), so it is repl
 after ``gc.freeze()`` (``gc_frozen``: what a training script that freezes after its setup sees; the
 collector then walks what was made since, the rank's own state).
 
-With ``pool_size`` G > 1 (pooled windows, `odb.core.pool`) the simulation runs one core per pool and
+With ``pool_size`` G > 1 (pooled windows, `odb.core.placement`) the simulation runs one core per pool and
 records the P = N / G pool headers; the replayed rank is lane ``rank mod G``, a replica, fed the N
 headers as the transport hands them (each pool's header G times: a pool's lanes post identical headers
 or every rank raises).  The reduced counts are the pools' sums: their totals are the lanes' exactly,

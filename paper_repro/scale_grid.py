@@ -22,7 +22,7 @@ each schedule holds every sample exactly once):
     odb_dealt       ODB as it ships by default: dealt sharding, the default policy, `odb.core.sim`
                     (the runtime's `RankCore` per rank on the runtime's header and replicated decision)
 
-    odb_pooled8     ODB with ``pool_size=8`` (`odb.core.pool`, opt-in): the windows of each host's 8 ranks
+    odb_pooled8     ODB with ``pool_size=8`` (`odb.core.placement`, opt-in): the windows of each host's 8 ranks
                     pooled, every rank a replica of its pool's core, only pools aligned through the round
                     collective (N ranks, N x the header); `odb.core.sim` with ``pool_size=8``, one core per
                     pool (the replicas' batches: ``tests/test_pool.py``).  Each rank preprocesses 8 times
@@ -88,7 +88,7 @@ GRID_FULL = {"worlds": (8, 64, 256, 1024), "window": 256, "budget": 8192, "per_r
              "paper_points": tuple((d, 8, 10000) for d in DISTS),
              # the default window (`buffer_size`) since 2026-12-01, at 8 W samples per rank (`at_window`)
              "wide": {"window": 1024, "costs": {"padded": (64, 256)}}}
-# ODB with pooled windows (`odb.core.pool`): ranks per host, and where it runs (the quick grid: the padded
+# ODB with pooled windows (`odb.core.placement`): ranks per host, and where it runs (the quick grid: the padded
 # points at N >= 64; the full grid: every point at N >= 64).
 HOST = 8
 POOLED = "odb_pooled8"

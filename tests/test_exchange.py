@@ -433,20 +433,22 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
 
     import numpy as np
 
+    from odb.core.header import HeaderLayout
     from odb.core.info import LoaderStats
-    from odb.core.rank import Batch, RankCore
+    from odb.core.placement import Exchanged
+    from odb.core.types import Batch
 
     fills = np.array([[9, 1, 8, 1], [5, 5, 4, 4]])  # pool batch order: lane k mod 2, step k div 2
     assert exchange_plan([[9, 8], [1, 1], [5, 4], [5, 4]])[:2] == [[(0, 0), (1, 1)], [(0, 1), (1, 0)]]
+    layout = HeaderLayout(1, 4, 1, lanes=2, exchange=True)
     placed = {}
     for rank in (0, 1):  # pool 0's two replicas, each holding the pool's 4 batches
-        core = object.__new__(RankCore)
-        held = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)]
-        core.__dict__.update(rank=rank, lane=rank, lanes=2, _round_target=4, _held=held,
-                             _rows=SimpleNamespace(fills=fills), _pending=None, _slack=0, stats=LoaderStats())
-        core._plan()
-        assert core._send == () and core._expect == (), (rank, core._send, core._expect)
-        placed[rank] = [(m, b.positions) for m, b in core._placed]
+        stage = Exchanged(layout, rank, rank, filler=None, cost=None, attention=0.0, stats=LoaderStats(),
+                          cfg={"xchg": 1}, mode=0, dealt=True)
+        stage._held, stage._round_target = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)], 4
+        send, expect = stage._plan(SimpleNamespace(fills=fills))
+        assert send == () and expect == (), (rank, send, expect)
+        placed[rank] = [(m, b.positions) for m, b in stage._placed]
     # rank 0 runs its own step-0 batch (pool batch 0), then rank 1's step-1 batch (pool batch 3); rank 1 runs
     # rank 0's step-1 batch (pool batch 2), then its own step-0 batch (pool batch 1)
     assert placed == {0: [(0, (0,)), (1, (3,))], 1: [(0, (2,)), (1, (1,))]}

@@ -1,4 +1,4 @@
-"""Pooled windows (`odb.core.pool`): a pool's ranks run one window and split its batches.
+"""Pooled windows (`odb.core.placement`): a pool's ranks run one window and split its batches.
 
 What must hold, and what each test pins:
 - the pure pieces: the pool rows the table reads (a lane's stop stops its pool; lanes that posted other
@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from odb.batching import make_cost_model
 from odb.core.header import Header, HeaderLayout
-from odb.core.pool import check_pool, lane_proposal, pool_aheads, pool_rows
+from odb.core.placement import check_pool, lane_proposal, pool_aheads, pool_rows
 from odb.core.sim import simulate
 from odb.errors import ConfigError, ProtocolError
 from odb.runtime.source import shard_order

@@ -179,7 +179,7 @@ def _transfer(rank, world_size, how):
     import torch.distributed as dist
     from datetime import timedelta
 
-    from odb.core.rank import Batch
+    from odb.core.types import Batch
     from odb.runtime.transport import BatchTransfer
 
     g = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))

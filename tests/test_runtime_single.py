@@ -351,7 +351,7 @@ class _FlakyStream(torch.utils.data.IterableDataset):
 def test_the_direct_path_yields_what_the_inner_dataloader_yields(iterable):
     """No workers and no pinning: the rank's thread calls the wrapper itself (`source._direct`). The same
     source through the DataLoader (pin_memory=True: on a CPU build it pins nothing) yields equal items."""
-    from odb.core.rank import Failure
+    from odb.core.types import Failure
     from odb.runtime.source import Source
 
     def items(pin):

@@ -27,7 +27,7 @@ The rule, a function of the gathered summaries only (every rank computes the sam
 2. The over-budget quorum: a round opens with over-budget slots, costliest level first; a level gets
    a slot while at least ``ceil(L / 2)`` ranks hold a sample of it (`over_slots`), and a rank holding
    none lends its fullest group within budget.  Below the quorum such samples are carried.  With
-   pooled windows (``lanes`` ranks per participant, `odb.core.pool`) a level's slots come in
+   pooled windows (``lanes`` ranks per participant, `odb.core.placement`) a level's slots come in
    multiples of ``lanes``: a pool's G consecutive batches are one step on its G ranks, so a step's
    over-budget batches are then all of one level.
 3. The reservoir: while data flows, with a window of at least 256 and a need of at least 4, the

@@ -164,7 +164,7 @@ def reduce_posts(posts: Sequence[Post]) -> Gathered:
 class HeaderLayout:
     """Encode and decode headers of one shape (``summary_len``, ``W``, ``ladder_len``).
 
-    ``lanes``: ranks sharing one window (`odb.core.pool`); each posts counts for its own batches, at
+    ``lanes``: ranks sharing one window (`odb.core.placement`); each posts counts for its own batches, at
     most ``steps = W / lanes`` a round, so the counts are ``3 steps`` ints (``3W`` without pooling).
     ``exchange``: the round exchange's layout: W fills more in the header.  ``slack``: the exchange's budget
     balance (`odb.batching.exchange`, basis points of step time; 0: none): the fills are then keys

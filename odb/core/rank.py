@@ -22,37 +22,32 @@ round's replicated decision is `odb.core.replica.Replicated.decide`; the header 
 Exact loss scaling: the batches of round r are held until the collective of round r + 1 (or the
 final stop) returns every rank's counts for them, then released with their global counts.
 
-The round exchange (a layout with ``exchange``; `odb.batching.exchange`): round r's batches are held as
-formed, their fills posted in round r + 1's header.  When that collective returns, every rank computes the
-same `exchange_plan` from the gathered fills, and the core hands its driver the batches to send
-(`Out.send`) and the slots it expects (`Out.expect`); the driver moves them and calls `receive` before the
-core's next step.  The placed batches' counts go into round r + 2's header, at the steps they run, and they
-are released when that collective returns.  The pass's last round is planned at the first stop, which the
-table then sends through one more round (``return_flush``, cfg ``xchg = 1``, which an exchanging core
-requires): its collective carries that round's counts.  A batch's counts are posted once, where it runs.
+Placement (`odb.core.placement`): where each formed batch runs, and which counts this rank posts for
+it, is one stage the core holds (`Own`, `Pooled`, `Exchanged`, chosen by the header layout); the core hands it
+every batch it forms, posts what it returns, and releases what it releases.  With the round exchange the
+collect also returns the batches to send (`Out.send`) and the slots expected (`Out.expect`): the driver moves
+them and calls `receive` before the core's next step.
 """
 
 from __future__ import annotations
 
-import time
 from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import call_partition, check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
-from ..batching.exchange import NO_FILL, batch_key, plan_origins, rank_fill_array, runs_on
-from ..errors import ConfigError, ProtocolError, RankFailure, SampleError
+from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
 from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .info import LoaderStats, step_info
-from .pool import lane_of, lane_steps, pool_rows
+from .placement import stage_for
 from .replica import Replicated
+from .types import CLOSED, FAILED, OK, Batch, Failure, Interrupted, Item
 
-__all__ = ["RankCore", "Out", "Batch", "Item", "Failure", "Interrupted", "OK", "CLOSED", "FAILED", "NO_LABELS_AFTER"]
+__all__ = ["RankCore", "Out", "NO_LABELS_AFTER"]
 
-OK, CLOSED, FAILED = 0, 1, 2
 _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garbage collection)",
            FAILED: "failed with a local error (its own exception says which)"}
 # loss_basis="label_tokens": when this many real samples (every rank's, from the gathered counts)
@@ -61,45 +56,8 @@ _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garb
 NO_LABELS_AFTER = 64
 
 
-class Interrupted(Exception):
-    """Raised by a data source's ``next`` that gave up waiting because the rank must stop."""
-
-
-class Failure(NamedTuple):
-    """An exception raised while preprocessing (``stage="preprocessing"``) or measuring one sample."""
-
-    stage: str
-    type: str
-    message: str
-    tb: str
-
-
-class Item(NamedTuple):
-    """One usable sample in the window."""
-
-    pos: int
-    index: Any
-    sample: Any
-    sizes: tuple
-    labels: int
-
-
 _SIZES = attrgetter("sizes")
 _SECOND = itemgetter(1)
-
-
-class Batch:
-    """One batch on its way to the consumer: samples and, once released, their `StepInfo`."""
-
-    __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info", "lane")
-
-    def __init__(self, samples, positions, indices, sizes, counts, info=None, lane=0):
-        self.samples, self.positions, self.indices = samples, positions, indices
-        self.sizes, self.counts, self.info, self.lane = sizes, counts, info, lane
-
-    @property
-    def filler(self) -> bool:
-        return self.indices is None
 
 
 class Out(NamedTuple):
@@ -129,10 +87,9 @@ class RankCore:
         may raise.
     :param oversize: "alone" | "skip" | "error".
     :param loss_slot: the `odb.core.info.LOSS_BASES` slot ``loss_scale`` divides by.
-    :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.pool`): this rank's lane in its pool;
-        the core is its pool's replica and releases this lane's batches.  None (a simulation only): the
-        pool's one core releases every lane's batches (`Batch.lane`), posts their counts summed, and
-        reads the P pool headers as gathered.
+    :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.placement.Pooled`): this rank's lane in its
+        pool; the core is its pool's replica and releases this lane's batches.  None (a simulation only): the
+        pool's one core releases every lane's batches (`Batch.lane`).
     :param traced: build each row's trace fields (`Out.trace`: the gathered headers' projections, O(N) a
         round); False (no trace written) leaves `Out.trace` None.
     """
@@ -141,7 +98,6 @@ class RankCore:
                  layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
                  template: Callable[[], Any], lane: int | None = 0, traced: bool = True):
         self.rank, self.world_size, self.mode, self.traced = rank, world_size, mode, traced
-        self.lanes, self.lane = layout.lanes, lane
         self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
         self.W = layout.window
@@ -156,24 +112,12 @@ class RankCore:
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items taken
         self._window: list[Item] = []
         self._groups: list[int] = []
-        self._held: list[Batch] = []     # this round's batches, released after the next collective
-        self.exchange = layout.exchange
-        self._placed: list[tuple[int, Batch]] = []  # exchange: the round before's, (step, batch) as placed
-        self._fills = [NO_FILL] * layout.window if self.exchange else ()
-        self._round_target = 0           # exchange: the target of the round whose batches are held
-        self._planned: int | None = None  # exchange: the target of the round the last collect planned (traced)
-        self._pending: dict | None = None  # exchange: the slots a transfer still owes this core
-        self._attention = float(getattr(policy, "attention", 0.0) or 0.0) if self.exchange else 0.0
-        self._slack = layout.slack  # budget balance (basis points): a compared setting, in the layout
-        self._send: tuple = ()
+        # where each formed batch runs and which counts this rank posts (`odb.core.placement`)
+        self.placement = stage_for(layout, rank=rank, lane=lane, filler=self._filler, cost=cost,
+                                   attention=getattr(policy, "attention", 0.0), stats=stats, cfg=self.cfg, mode=mode,
+                                   dealt=self.deal is not None)
+        self._send: tuple = ()           # the exchange's moves of the last collect, for its `Out`
         self._expect: tuple = ()
-        if self.exchange and self.cfg.get("xchg") != 1:
-            raise ConfigError("a layout with the round exchange needs the table's flush round (cfg xchg = 1, "
-                              "`Shared.exchange`): without it the pass's last round could not be exchanged")
-        if self.exchange and (mode == JOIN or self.deal is None):
-            raise ConfigError("the round exchange needs mode 'pad' or 'quota' (every rank runs the same steps) and "
-                              "dealt sharding (a moved batch's positions are in the global order)")
-        self._counts = [0] * layout.counts_len
         self._fetched: Item | None = None
         self._prepared: tuple[list[int], list[int]] | None = None
         self._sized: list | None = None  # the window's sizes at this round's post, for its partition
@@ -209,7 +153,7 @@ class RankCore:
     @property
     def receiving(self) -> bool:
         """The exchange: the driver owes this core the batches of `Out.expect` (`receive`)."""
-        return self._pending is not None
+        return self.placement.pending is not None
 
     @property
     def decision(self):
@@ -225,7 +169,7 @@ class RankCore:
         """Fire one FILL or EMIT row; `status()` is the driver's stop status (read when a row asks)."""
         if self.waiting or self.done:
             raise ProtocolError(f"RankCore.step in phase {self.local['ph']}; use collect() in WAIT")
-        if self._pending is not None:
+        if self.placement.pending is not None:
             raise ProtocolError(f"rank {self.rank}: RankCore.step before the exchange's batches were received")
         self._status_fn = status
         self._fetched = None
@@ -244,10 +188,7 @@ class RankCore:
         divergence, another epoch)."""
         if not self.waiting:
             raise ProtocolError(f"RankCore.collect in phase {self.local['ph']}")
-        self._rows = self.layout.decode_all(gathered.rows)
-        if self.lane is not None:  # the N ranks' headers -> the P pools' (the rows themselves without pooling)
-            self._rows = pool_rows(self._rows, self.lanes, self.replica.round,
-                                   self._round_target if self.exchange else None)
+        self._rows = self.placement.rows(gathered.rows, self.replica.round)  # pooled: the P pools' rows
         self.layout.check_reduced(gathered)
         self._totals, self._tokens_max = gathered.totals, gathered.tokens_max
         self._decision = self.replica.decide(self._rows)
@@ -410,25 +351,16 @@ class RankCore:
         return Batch([self._template], (), None, (), (0, 0, 0), lane=lane)
 
     def _hold(self, taken: list[Item] | None) -> None:
-        k = len(self._held)
         if taken is None:
-            b = self._filler()
-        else:
-            sizes = tuple(it.sizes[0] for it in taken)
-            b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
-                      sizes, (sum(sizes), sum(it.labels for it in taken), len(taken)))
-            self.stats.budget_use_sum += self.cost.utilisation([it.sizes for it in taken])
-            self.stats.budget_batches += 1
-        self._held.append(b)
-        lane, m = lane_of(k, self.lanes)
-        if self.exchange:  # the fill for the plan; the counts are posted where the batch is placed (`_post`)
-            if taken is not None:
-                self._fills[k] = batch_key([it.sizes for it in taken], self.cost, self._attention, self._slack)
+            self.placement.hold(self._filler(), None)
             return
-        if self.lane is None:  # the pool's one core (a simulation): every lane's counts, summed
-            self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
-        elif lane == self.lane:  # this lane's own batches, at its own step index
-            self._counts[3 * m:3 * m + 3] = b.counts
+        sizes = [it.sizes for it in taken]
+        tokens = tuple(z[0] for z in sizes)
+        b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
+                  tokens, (sum(tokens), sum(it.labels for it in taken), len(taken)))
+        self.stats.budget_use_sum += self.cost.utilisation(sizes)
+        self.stats.budget_batches += 1
+        self.placement.hold(b, sizes)
 
     def _post(self, s: machine.Step) -> tuple[Post, dict]:
         if s.payload["shape"] != self.layout.length:
@@ -436,30 +368,23 @@ class RankCore:
         summary, intake = self._prepared
         self._prepared = None
         digest = self.replica.digest()
-        fills = self._fills
-        if self.exchange:
-            self._fills = [NO_FILL] * self.layout.window
-            c = self._counts
-            for m, b in self._placed:  # the placed round's counts at the steps they run (a pool's one core: summed)
-                c[3 * m:3 * m + 3] = [a + x for a, x in zip(c[3 * m:3 * m + 3], b.counts)]
+        fills, counts = self.placement.posted()
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
             summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
             reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake, fills=fills)
-        counts, self._counts = self._counts, [0] * self.layout.counts_len
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
-        if self.exchange and self.traced:
+        if fills and self.traced:
             trace["fills"] = list(fills)
         return Post(header, counts), trace
 
     def _after_collect(self, s: machine.Step) -> tuple[tuple, BaseException | None, dict | None]:
         rows, rnd = self._rows, self._posted - 1
         self.stats.rounds += 1
-        release, rep_err, self._planned = (), None, None
+        release, rep_err = (), None
         if s.row == "return_abort":
-            self._held = []  # the epoch ends here on every rank: the last round's batches are not released
-            self._placed = []
+            self.placement.drop()  # the epoch ends here on every rank: the last round's batches are not released
         else:
             release, rep_err = self._release(final=s.after["ph"] == DONE)
         if s.row == "return_stop" and self.mode == QUOTA:
@@ -472,89 +397,29 @@ class RankCore:
             "summaries": [list(h) for h in rows.summaries], "rounds": rows.values("round"),
             "replicated": [list(v) for v in zip(*map(rows.values, REPLICATED))],
             "inputs": dict(self._decision.inputs),
-            **({"fills": rows.fills.tolist(), "planned": self._planned} if self.exchange else {})}}
+            **self.placement.trace}}
 
     def _release(self, final: bool) -> tuple[tuple, BaseException | None]:
-        """The batches whose global counts this collective returned (module docstring): the previous round's,
-        or with the exchange the round placed one collective ago, then at the pass's end the previous round's
-        as formed; with the exchange and the pass going on, the previous round's batches are planned."""
-        if not self.exchange:
-            held, self._held = self._lanes(self._held), []
-            return self._hand(held, self._totals, self._tokens_max, self._posted - 2, final)
-        if final and self._held:  # the flush round emits nothing: the last round formed was planned
-            raise ProtocolError(f"rank {self.rank}: the pass ended with {len(self._held)} batches unplanned; the "
-                                "round exchange needs the table's flush round (cfg xchg = 1)")
-        placed, self._placed = self._placed, []
-        out, err = self._hand(placed, self._totals, self._tokens_max, self._posted - 3, final)
-        if err is not None:  # every rank stops here (the counts are gathered): nothing more is planned
-            self._held = []
+        """The batches whose global counts this collective returned (`odb.core.placement`: the previous
+        round's, or with the exchange the round placed one collective ago), handed with those counts."""
+        r = self.placement.release(final, self._rows, self._decision.target)
+        out, err = self._hand(r.batches, self._totals, self._tokens_max, self._posted - r.lag, final)
+        if err is not None:  # every rank stops here (the counts are gathered): nothing more is placed or moved
+            self.placement.drop()
             return out, err
-        if not final:
-            self._plan()
-            self._round_target = self._decision.target
+        self._send, self._expect = r.send, r.expect
         return out, None
-
-    def _plan(self) -> None:
-        """The exchange of the previous round's batches (module docstring): this core's sends and the slots it
-        expects, from the gathered fills only (`exchange_plan`, in its array form `plan_origins`).  A pool's
-        replicas hold every batch of their pool, so a batch that moves between two ranks of one pool moves in
-        memory; only batches that leave their pool are sent, each by the lane that formed it."""
-        t0 = time.perf_counter()
-        G, T, held = self.lanes, self._round_target, self._held
-        self._planned = T  # the trace's: the target of the round planned (the conformance check recomputes it)
-        if len(held) != T:
-            raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
-        self._held = []
-        plan = plan_origins(rank_fill_array(self._rows.fills, G, T), self._slack)  # origin r * S + k, -1: filler
-        S, dest = plan.shape[1], runs_on(plan)
-        pool = self.rank if self.lane is None else self.rank // G
-        home = range(pool * G, pool * G + G)  # the pool's ranks
-        own = list(home) if self.lane is None else [self.rank]  # the ranks whose batches this core releases
-        send, kept = [], {}
-        for k, b in enumerate(held):
-            if b.filler:
-                continue  # fillers never move
-            j, m = lane_of(k, G)
-            origin = (pool * G + j, m)
-            q = int(dest[origin[0] * S + m])
-            if q < 0:  # its fill was posted as a filler's: the plan has no place for it (a broken invariant)
-                raise ProtocolError(f"rank {self.rank}: batch {origin} of the round is not in its plan")
-            if q in home:
-                if q in own:
-                    kept[origin] = b
-            elif self.lane is None or j == self.lane:  # leaves the pool: the lane that formed it sends it
-                send.append((q, origin, b))
-        rows = {q: [None if o < 0 else divmod(o, S) for o in plan[q].tolist()] for q in own}
-        expect = tuple((o[0], o) for q in own for o in rows[q] if o is not None and o[0] not in home)
-        self._send, self._expect = tuple(send), expect
-        self._pending = {"rows": [(q - pool * G, rows[q]) for q in own], "kept": kept,
-                         "expect": {o for _, o in expect}}
-        self.stats.exchange_plan_s += time.perf_counter() - t0
-        if not expect:
-            self.receive({})
 
     def receive(self, got: dict, lost: bool = False) -> None:
         """The exchange's batches this core expected (`Out.expect`), by origin slot: the driver calls it once
         after the collect that planned them, before the next `step`.  ProtocolError on a missing or an extra one,
         unless ``lost`` (the transfer failed on the data, and this rank's status is no longer OK: the next round
         aborts on every rank and releases none of them): a missing one is then a zero-weight filler."""
-        p = self._pending
-        if p is None:
+        if self.placement.pending is None:
             raise ProtocolError(f"rank {self.rank}: RankCore.receive without an exchange pending")
-        if lost:
-            if self._quit() == OK:
-                raise ProtocolError(f"rank {self.rank}: the exchange lost batches while this rank goes on")
-            got = {o: got.get(o) or self._filler() for o in p["expect"]}
-        if set(got) != p["expect"]:
-            raise ProtocolError(f"rank {self.rank}: the exchange delivered slots {sorted(got)}, the plan expects "
-                                f"{sorted(p['expect'])}")
-        placed, kept = [], p["kept"]
-        for j, row in p["rows"]:
-            for m, o in enumerate(row):
-                b = self._filler(j) if o is None else (kept.pop(o) if o in kept else got[o])
-                b.lane = j
-                placed.append((m, b))
-        self._placed, self._pending = placed, None
+        if lost and self._quit() == OK:
+            raise ProtocolError(f"rank {self.rank}: the exchange lost batches while this rank goes on")
+        self.placement.receive(got, lost)
 
     def _hand(self, held: list, totals: Sequence[int], tokens_max: Sequence[int], rnd: int,
               final: bool) -> tuple[tuple, BaseException | None]:
@@ -565,7 +430,7 @@ class RankCore:
         `NO_LABELS_AFTER` real samples of this pass (every rank's) were released without one label
         token, or the pass ends so, every rank raises SampleError after the same step."""
         ws, slot = self.world_size, self.loss_slot
-        own, epoch, step = self.lane or 0, self.epoch, self._steps
+        own, epoch, step = self.placement.own_lane, self.epoch, self._steps
         stats = self.stats  # its running sums in locals, written back once: the same float additions in order
         t_max, t_mean, zero, labels, samples = (stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps,
                                                 self._labels_seen, self._samples_seen)
@@ -598,22 +463,6 @@ class RankCore:
                 "the samples 'labels', or pass loss_basis='tokens'")
         return tuple(map(_SECOND, held)), None
 
-    def _lanes(self, held: list[Batch]) -> list[tuple[int, Batch]]:
-        """(step index in the round, batch) of this lane's batches of the round in step order (every
-        lane's, lane by lane, when ``lane`` is None): pool batch k is lane ``k mod G``'s step ``k div G``,
-        and a lane one short runs a zero-weight filler (`odb.core.pool`)."""
-        if self.lanes == 1:
-            return list(enumerate(held))
-        steps = lane_steps(len(held), self.lanes)
-        out = []
-        for j in (range(self.lanes) if self.lane is None else (self.lane,)):
-            mine = held[j::self.lanes]
-            for m, b in enumerate(mine):
-                b.lane = j
-                out.append((m, b))
-            out += [(m, self._filler(j)) for m in range(len(mine), steps)]
-        return out
-
     def _count_unemitted(self) -> None:
         left = [it.index for it in self._window]
         rest = self.source.remaining()
@@ -624,8 +473,7 @@ class RankCore:
 
     def _abort_error(self, rnd: int) -> RankFailure:
         bad = [(r, st) for r, st in enumerate(self._rows.values("st")) if st != OK]
-        G = self.lanes  # pooled: the rows are the pools' (`odb.core.pool`)
-        who = (lambda r: f"rank {r}") if G == 1 else (lambda r: f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})")
+        who = self.placement.who  # pooled: the rows are the pools'
         what = "; ".join(f"{who(r)} {_STATUS.get(st, f'posted status {st}')}" for r, st in bad)
         return RankFailure(
             f"rank {self.rank}: in round {rnd} of epoch {self.epoch}: {what}, while this rank was still iterating; "

@@ -46,7 +46,7 @@ from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
 from ..protocol.table import DGAP, MODES, Table
 from .header import REPLICATED, Header, Headers
-from .pool import lane_proposal
+from .placement import lane_proposal
 from .shared import Shared
 
 __all__ = ["Decision", "Replicated", "proposal_bounds", "round_proposal", "round_target", "table_headers"]
@@ -83,7 +83,7 @@ def round_proposal(table: Table, cfg: Mapping[str, int], headers: list[dict], su
                    policy: Any, round_index: int, lanes: int = 1) -> int:
     """The round's proposal: the table's lower bound when its ``abort`` holds on `headers`, else
     ``policy.propose(summaries, W)`` (ProtocolError when outside the table's bounds), made a multiple
-    of `lanes` (pooled windows: `odb.core.pool.lane_proposal`)."""
+    of `lanes` (pooled windows: `odb.core.placement.lane_proposal`)."""
     return _decide(table, cfg, headers, summaries, policy, round_index, lanes)[0]
 
 
@@ -114,8 +114,8 @@ class Replicated:
 
     :param shared: the compared settings.
     :param world_size: participants in the table: ranks in the loader's group, or pools of
-        ``shared.lanes`` ranks (`odb.core.pool`; the rows are then the pool rows).
-    :param aheads: every participant's prefetch, gathered (rank order; a pool's: `odb.core.pool.pool_aheads`).
+        ``shared.lanes`` ranks (`odb.core.placement`; the rows are then the pool rows).
+    :param aheads: every participant's prefetch, gathered (rank order; a pool's: `odb.core.placement.pool_aheads`).
     :param policy: the alignment policy (its `propose` must be a pure function of its arguments).
     :param order: the epoch's `DealtOrder` with its first deal applied, or None (fixed shards).
     :param epoch: the pass's epoch, posted every round.

@@ -40,7 +40,7 @@ class Shared:
 
     :param protocol: the ODB version and the table's hash (ranks running other code decide otherwise).
     :param window: the window the table runs with: ``buffer_size`` times ``lanes``.
-    :param lanes: ranks per pool sharing one window (``pool_size``; `odb.core.pool`), 1 without pooling.
+    :param lanes: ranks per pool sharing one window (``pool_size``; `odb.core.placement`), 1 without pooling.
     :param mode: "pad" | "join" | "quota".
     :param sharding: "fixed" | "dealt".
     :param header_len: ints in one header (`odb.core.header.HeaderLayout.length`).

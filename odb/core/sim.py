@@ -29,9 +29,10 @@ from ..batching.policy import default_policy
 from ..errors import ProtocolError
 from ..protocol.table import MODES
 from .header import Gathered, HeaderLayout, Post, reduce_posts
-from .pool import check_pool, pool_aheads
+from .placement import check_pool, pool_aheads
 from .info import LOSS_BASES, LoaderStats
-from .rank import Batch, RankCore
+from .rank import RankCore
+from .types import Batch
 from .replica import Replicated
 from .shared import Shared, describe_cost, describe_policy
 
@@ -213,7 +214,7 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     so a replica in another state computes its own); False: every replica deals alone (N times the
     dealer's work, the same batches).
     ``policy``: a factory of one rank's policy (None: `default_policy` for the pool size, as the loader).
-    ``pool_size`` G > 1: pooled windows (`odb.core.pool`; dealt, PAD, G dividing N), ``window`` per rank.
+    ``pool_size`` G > 1: pooled windows (`odb.core.placement`; dealt, PAD, G dividing N), ``window`` per rank.
     By default one core per pool releases every lane's batches (the lanes' cores are its replicas);
     ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
     batches; the stats' straggler estimate ``step_tokens_max`` is exact only then).

@@ -28,7 +28,8 @@ import threading
 import time
 from ..batching.deal import intake_ladder
 from ..core.header import Gathered, HeaderLayout, Post
-from ..core.rank import CLOSED, FAILED, OK, Batch, RankCore
+from ..core.rank import RankCore
+from ..core.types import CLOSED, FAILED, OK, Batch
 from ..errors import ProtocolError, RankFailure
 from ..protocol.table import DGAP
 from .trace import TraceWriter
@@ -39,7 +40,7 @@ __all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
 
 def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False, slack: int = 0) -> HeaderLayout:
     """The header layout of a loader with this policy summary length and window (per rank), `lanes`
-    ranks per pool (`odb.core.pool`: the table's window is ``lanes * W``), the round exchange or not, and
+    ranks per pool (`odb.core.placement`: the table's window is ``lanes * W``), the round exchange or not, and
     its budget balance's `slack` (basis points)."""
     return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange, slack)
 

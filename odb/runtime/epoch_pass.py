@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, Receipts, attach_step_info
-from ..core.pool import pool_aheads
-from ..core.rank import Batch, RankCore
+from ..core.placement import pool_aheads
+from ..core.rank import RankCore
+from ..core.types import Batch
 from ..core.replica import Replicated
 from ..core.shared import describe_cost
 from ..errors import ConfigError, ProtocolError, SampleError
@@ -321,7 +322,7 @@ def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
     sharding gathers every rank's yielded positions first), the source, the filler template, the trace,
     and the rank core its engine drives; returns the started engine."""
     s, done, deal = loader.settings, loader.ledger.done, None
-    lanes = s.pool_size  # pooled windows (`odb.core.pool`): the table's participants are the pools
+    lanes = s.pool_size  # pooled windows (`odb.core.placement`): the table's participants are the pools
     aheads = pool_aheads(loader._aheads, lanes)
     if loader.sharding == "dealt":
         every = {p for rgs in loader._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}

@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 
 from ..batching.collate import pad_collate
 from ..core.info import LoaderStats
-from ..core.pool import check_pool
+from ..core.placement import check_pool
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 from ..batching.deal import DealtOrder
-from ..core.rank import Failure, Interrupted
+from ..core.types import Failure, Interrupted
 from ..errors import SampleError
 
 __all__ = ["Source", "default_length", "count_labels", "shard_order", "POLL_S"]

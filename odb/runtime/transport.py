@@ -33,7 +33,7 @@ from datetime import timedelta
 import torch
 
 from ..core.header import Gathered, Post, reduce_posts
-from ..core.rank import Batch
+from ..core.types import Batch
 from ..errors import ProtocolError, SampleError
 
 __all__ = ["HeaderGather", "BatchTransfer", "counts_mode", "GATHER_LIMIT"]

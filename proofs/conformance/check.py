@@ -175,7 +175,7 @@ def _replay_rank(table: Table, rank: int, meta: dict, events: list[dict], rep: R
 
 
 def _pooled(posted: dict, n: int, lanes: int, rnd: int, rep: RunReport) -> dict:
-    """The P pool posts the table read of the N ranks' posts of one round (`odb.core.pool.pool_rows`):
+    """The P pool posts the table read of the N ranks' posts of one round (`odb.core.placement.pool_rows`):
     lane 0's post with the largest status of its pool; a pool's lanes must have posted the same window,
     summary and replicated fields unless one of them stops."""
     out = {}
@@ -193,7 +193,7 @@ def _pooled(posted: dict, n: int, lanes: int, rnd: int, rep: RunReport) -> dict:
 
 
 def _check_collectives(table: Table, cfg: dict, ranks: list[_Rank], rep: RunReport, policy, lanes: int = 1) -> dict:
-    """Condition 2; with pooled windows (`odb.core.pool`) the collective's rows are the P pools'.  Returns
+    """Condition 2; with pooled windows (`odb.core.placement`) the collective's rows are the P pools'.  Returns
     rank -> round -> (target, proposal) as recomputed here."""
     n, pools = len(ranks), len(ranks) // lanes
     by_round: dict[int, dict[int, tuple]] = defaultdict(dict)
