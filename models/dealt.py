@@ -48,6 +48,13 @@ LOCAL, READS, RET, ENDED, COST, DROPS, OVER, EG, RID, HDR = range(10)
 # hdr: (n, st, shape, taken, cost, dry, reserve, ladder)
 
 
+class _Whole:
+    """A policy that promises no groups (`odb.batching.base.AlignmentPolicy.groups`' default)."""
+
+    def groups(self, window, cost):
+        return None
+
+
 class _Singletons:
     """A grouping policy whose groups are single samples (each sample fills the budget alone):
     its posted bound is ``U(T) = min(T, n)``, so a round that emits more than T samples is over it."""
@@ -58,7 +65,7 @@ class _Singletons:
 
 # The intake ladder a rank posts: `policy_intake` of a policy without `groups` (the whole window at
 # every T: no bound below W) or of one with single-sample groups (a bound the table's `use` may exceed).
-POLICIES = {"whole": object(), "singletons": _Singletons()}
+POLICIES = {"whole": _Whole(), "singletons": _Singletons()}
 
 
 @dataclass(frozen=True)

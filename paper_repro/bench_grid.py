@@ -15,7 +15,7 @@ import numpy as np
 
 from odb.baselines import (PEERS, ReleasePolicy, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
                            memory_equivalent_batch_size, standard, step_lower_bound)
-from odb.batching import call_partition, default_policy, make_cost_model
+from odb.batching import default_policy, make_cost_model
 from odb.core.sim import simulate
 
 from .bench_metrics import metrics
@@ -224,11 +224,11 @@ def decision_microbench(world: int = 64, window: int = 1024, reps: int = 50) -> 
             for rep in range(reps):
                 w = wins[rep % world]
                 pol = default_policy()
-                summaries = array if getattr(pol, "summary_arrays", False) is True else rows
+                summaries = array if pol.summary_arrays is True else rows
                 t0 = time.perf_counter()
                 pol.summarize(w, cost, False)
                 t = pol.propose(summaries, window)
-                call_partition(pol, w, t, min(t, len(w)), cost, summaries)
+                pol.partition(w, t, min(t, len(w)), cost, summaries=summaries)
                 times.append(time.perf_counter() - t0)
             times.sort()
             out[f"{dist}/{kind}"] = {"median_ms": 1e3 * times[len(times) // 2], "max_ms": 1e3 * times[-1]}

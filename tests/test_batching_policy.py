@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import Phase, given, settings, strategies as st
 
-from odb.batching import (AlignmentPolicy, BalancedPolicy, attention_coefficient, call_partition, check_partition,
+from odb.batching import (AlignmentPolicy, BalancedPolicy, attention_coefficient, check_partition,
                           default_policy, make_cost_model, pack)
 from odb.batching import policy as policy_module
 from odb.batching.cost import BudgetCost, Resource
@@ -293,7 +293,7 @@ def test_partition_with_the_gathered_summaries_keeps_the_contract_and_is_determi
         check_partition(groups, len(w), real, w, cost)
         again = default_policy().partition(w, target, real, cost, summaries=summaries)  # fresh memo
         assert again == groups
-        assert call_partition(default_policy(), w, target, real, cost, summaries) == groups
+        assert default_policy().partition(w, target, real, cost, summaries=summaries) == groups
 
 
 def test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost():
@@ -312,21 +312,36 @@ def test_matched_slots_come_from_the_profile_buckets_in_decreasing_cost():
         assert fills == sorted(fills, reverse=True)
 
 
-def test_a_policy_without_the_summaries_keyword_is_called_without_it():
-    class Old:
-        def partition(self, window, target, real, cost):
+def test_a_policy_declares_its_optional_members_and_a_duck_typed_one_is_refused_at_construction():
+    import odb
+    from odb.errors import ConfigError
+
+    class Minimal(AlignmentPolicy):
+        summary_len = 1
+
+        def summarize(self, window, cost, exhausted):
+            return [len(window)]
+
+        def propose(self, summaries, window):
+            return 1
+
+        def partition(self, window, target, real, cost, *, summaries=None):
             return [[p] for p in range(real)]
 
-    class Wrapped:
-        def partition(self, *a, **kw):
-            self.kw = kw
-            return [[p] for p in range(a[2])]
+    m = Minimal()
+    assert (m.summary_arrays, m.attention, m.groups([(1,)], _cost("packed"))) == (False, 0.0, None)
+    odb.LoaderSettings(token_budget=64, policy=m)
 
-    cost = _cost("packed")
-    assert call_partition(Old(), [(1,), (2,)], 2, 2, cost, [[1]]) == [[0], [1]]
-    w = Wrapped()
-    call_partition(w, [(1,), (2,)], 1, 1, cost, [[1]])
-    assert w.kw == {"summaries": [[1]]}
+    class Duck:  # the three methods, not the declared members: refused before any rank starts
+        summary_len = 1
+        summarize, propose, partition = Minimal.summarize, Minimal.propose, Minimal.partition
+    with pytest.raises(ConfigError, match="subclass it"):
+        odb.LoaderSettings(token_budget=64, policy=Duck())
+
+    class NoLength(Minimal):
+        summary_len = "5"
+    with pytest.raises(ConfigError, match="summary_len"):
+        odb.LoaderSettings(token_budget=64, policy=NoLength())
 
 
 def test_fill_buckets_are_ordered_costliest_first():

@@ -180,14 +180,13 @@ def test_the_intake_bound_covers_any_target_groups(sizes, window, target, n):
     assert bound <= max(0, window - n) + sum(sizes)
 
 
-def test_a_policy_without_groups_posts_the_whole_window():
+def test_a_policy_whose_groups_is_the_declared_default_posts_the_whole_window():
+    from odb.baselines.release import ReleasePolicy
     from odb.batching import make_cost_model
     from odb.batching.deal import intake_bound, intake_ladder, policy_intake
 
-    class NoGroups:
-        pass
     w = [(10,)] * 5
-    got = policy_intake(NoGroups(), w, make_cost_model("packed", 100), 8)
+    got = policy_intake(ReleasePolicy(), w, make_cost_model("packed", 100), 8)
     assert got == [5] * len(intake_ladder(8)) and intake_bound(8, 5, got, 1) == 8  # the old lead: W
 
 

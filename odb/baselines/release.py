@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..batching.base import CostModel, Sizes
+from ..batching.base import AlignmentPolicy, CostModel, Sizes
 from ..errors import ProtocolError
 
 __all__ = ["ReleasePolicy", "RELEASE_TAG"]
@@ -36,12 +36,13 @@ def _budget(cost: CostModel) -> float:
     return b[0]
 
 
-class ReleasePolicy:
+class ReleasePolicy(AlignmentPolicy):
     """See the module docstring.  Summary: ``[RELEASE_TAG, n, exhausted, groups]``."""
 
     summary_len = 4
 
-    def groups(self, window: Sequence[Sizes], cost: CostModel) -> list[list[int]]:
+    def _runs(self, window: Sequence[Sizes], cost: CostModel) -> list[list[int]]:
+        """The window's groups by the release's rule (module docstring), as window positions."""
         if not window:
             return []
         B = _budget(cost)
@@ -58,7 +59,7 @@ class ReleasePolicy:
         return out
 
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
-        return [RELEASE_TAG, len(window), int(bool(exhausted)), len(self.groups(window, cost))]
+        return [RELEASE_TAG, len(window), int(bool(exhausted)), len(self._runs(window, cost))]
 
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
         live = [s for s in summaries if s[1] > 0]
@@ -68,8 +69,9 @@ class ReleasePolicy:
             return 1
         return max(1, min(max(s[3] for s in live), min(s[1] for s in live)))
 
-    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel) -> list[list[int]]:
-        gs = [list(g) for g in self.groups(window, cost)]
+    def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
+                  summaries=None) -> list[list[int]]:
+        gs = [list(g) for g in self._runs(window, cost)]
         while len(gs) < real:                   # peel singletons off the longest multi-sample group
             k = next(k for k, g in enumerate(gs) if len(g) > 1)
             gs.insert(k + 1, [gs[k].pop()])

@@ -11,12 +11,12 @@ from .._identity import check as _check_identity
 
 _check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced ours
 
-from .base import AlignmentPolicy, CostModel, Sizes, call_partition, check_partition
+from .base import AlignmentPolicy, CostModel, Sizes, check_partition
 from .cost import BudgetCost, CallableCost, Resource, make_cost_model
 from .grouping import Group, pack
 from .policy import BalancedPolicy, attention_coefficient, default_policy
 
-__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "call_partition", "make_cost_model", "default_policy",
+__all__ = ["AlignmentPolicy", "CostModel", "Sizes", "check_partition", "make_cost_model", "default_policy",
            "BalancedPolicy", "attention_coefficient", "BudgetCost", "CallableCost", "Resource", "Group", "pack",
            "pad_collate", "packed_collate", "mrope_collate", "visual_stub", "check_packing"]
 

@@ -17,16 +17,21 @@ DGAP table leaves open:
    over-budget sample.  The runtime also hands it, as the keyword
    ``summaries=``, the round's gathered summaries (every rank's, in rank order,
    identical on every rank; the same list ``propose`` saw), so a policy can
-   shape its groups to a per-step cost profile every rank computes alike.  The
-   keyword is optional: a policy whose ``partition`` has no ``summaries``
-   parameter (nor ``**kwargs``) is called without it (`call_partition`), and a
-   direct call without it passes ``None``.
+   shape its groups to a per-step cost profile every rank computes alike.
 
-The summaries come as N rows (tuples of ints), or, to a policy whose class sets
-``summary_arrays = True``, as one read-only ``(N, summary_len)`` int64 numpy
-array (`odb.core.header.Headers.summary_array`, a view of the gathered headers):
-at 1,024 ranks the rows are about 40,000 Python ints a round, which the default
-policy does not need (`summaries_for`).
+A policy subclasses `AlignmentPolicy`; its optional members are declared there
+with their defaults, and a policy overrides the ones it has (nothing is
+discovered by probing):
+
+- ``summary_arrays`` (False): True hands the summaries as one read-only
+  ``(N, summary_len)`` int64 numpy array (`odb.core.header.Headers.summary_array`,
+  a view of the gathered headers) instead of N tuples: at 1,024 ranks the rows
+  are about 40,000 Python ints a round (`summaries_for`).
+- ``attention`` (0.0): the weight of attention work in a batch's fill, which the
+  round exchange posts (`odb.batching.exchange.batch_fill`).
+- ``groups(window, cost)`` (None): the whole groups ``partition`` emits from, so
+  the dealer can bound a rank's intake (`odb.batching.deal.policy_intake`); None
+  makes no promise (the dealer then tops the rank up to the whole window).
 
 The runtime checks every result against the table's contract and raises
 `odb.ProtocolError` on a violation, so a buggy policy cannot desynchronise ranks.
@@ -34,12 +39,16 @@ The runtime checks every result against the table's contract and raises
 
 from __future__ import annotations
 
-import functools
-import inspect
+import abc
 from itertools import chain
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Sizes", "CostModel", "AlignmentPolicy", "check_partition", "call_partition", "summaries_for"]
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .grouping import Group
+
+__all__ = ["Sizes", "CostModel", "AlignmentPolicy", "check_policy", "check_partition", "summaries_for"]
 
 Sizes = tuple[int, ...]
 
@@ -60,13 +69,25 @@ class CostModel(Protocol):
         """Largest cost/budget ratio over resources (1.0 = exactly full)."""
 
 
-@runtime_checkable
-class AlignmentPolicy(Protocol):
-    """What the DGAP table leaves to the batching policy (module docstring)."""
+class AlignmentPolicy(abc.ABC):
+    """What the DGAP table leaves to the batching policy (module docstring): subclass it, set
+    `summary_len`, define the three methods, and override the optional members you have."""
 
     summary_len: int
     """Ints in `summarize`'s result: a constant (the header's shape must not depend on local state)."""
 
+    summary_arrays: bool = False
+    """True: `propose` and `partition` get the summaries as one read-only int64 array (module docstring)."""
+
+    attention: float = 0.0
+    """The weight of attention work in a batch's fill, per token of context (0: the budget fill)."""
+
+    def groups(self, window: Sequence[Sizes], cost: CostModel) -> "list[Group] | None":
+        """The whole groups (`odb.batching.grouping.Group`) `partition` emits from, or when asked for more,
+        the whole window; None (the default): no such promise, the dealer bounds this rank's intake by W."""
+        return None
+
+    @abc.abstractmethod
     def summarize(self, window: Sequence[Sizes], cost: CostModel, exhausted: bool) -> list[int]:
         """This rank's summary of its window, posted in the round's header.
 
@@ -76,6 +97,7 @@ class AlignmentPolicy(Protocol):
         """
         ...
 
+    @abc.abstractmethod
     def propose(self, summaries: Sequence[Sequence[int]], window: int) -> int:
         """The round's target from every rank's summary (rank order) and the window W.
 
@@ -87,6 +109,7 @@ class AlignmentPolicy(Protocol):
         """
         ...
 
+    @abc.abstractmethod
     def partition(self, window: Sequence[Sizes], target: int, real: int, cost: CostModel, *,
                   summaries: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
         """Exactly `real` non-empty, disjoint groups of window positions for the round's `target`.
@@ -99,26 +122,16 @@ class AlignmentPolicy(Protocol):
         ...
 
 
-def _takes_summaries(fn) -> bool:
-    f = getattr(fn, "__func__", fn)  # a bound method's function: the same object every round
-    try:
-        return _function_takes_summaries(f)
-    except TypeError:  # an unhashable callable: look at it every time
-        return _signature_takes_summaries(f)
-
-
-@functools.lru_cache(maxsize=256)
-def _function_takes_summaries(fn) -> bool:
-    return _signature_takes_summaries(fn)
-
-
-def _signature_takes_summaries(fn) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: the old contract
-        return False
-    return any(p.name == "summaries" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-               or p.kind == p.VAR_KEYWORD for p in params)
+def check_policy(policy) -> None:
+    """ConfigError unless `policy` is an `AlignmentPolicy` (a subclass's instance: its optional members
+    then have their declared defaults) with an int ``summary_len`` >= 0."""
+    if not isinstance(policy, AlignmentPolicy):
+        raise ConfigError(f"policy={policy!r} is not an odb.batching.AlignmentPolicy: subclass it (it declares the "
+                          "optional members summary_arrays, attention and groups with their defaults)")
+    n = getattr(policy, "summary_len", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"policy {type(policy).__name__} has summary_len={n!r}: it must be an int >= 0 (the "
+                          "ints its summarize returns)")
 
 
 def summaries_for(policy: AlignmentPolicy, rows) -> "Sequence[Sequence[int]]":
@@ -126,20 +139,7 @@ def summaries_for(policy: AlignmentPolicy, rows) -> "Sequence[Sequence[int]]":
     (`odb.core.header.Headers`): the summaries as one array if the policy sets ``summary_arrays``
     (module docstring), else as rows.  Either is kept by `rows`, so both calls of a round get the
     same object."""
-    return rows.summary_array if getattr(policy, "summary_arrays", False) is True else rows.summaries
-
-
-def call_partition(policy: AlignmentPolicy, window: Sequence[Sizes], target: int, real: int, cost: CostModel,
-                   summaries: Sequence[Sequence[int]]) -> list[list[int]]:
-    """``policy.partition(window, target, real, cost, summaries=summaries)``, or without the
-    keyword when the policy's ``partition`` does not accept it (a policy written before the
-    keyword existed keeps working, without the gathered summaries).  Deterministic: the
-    choice depends only on the policy's signature, the same on every rank.  The result is
-    not checked here; call `check_partition`.
-    """
-    if _takes_summaries(policy.partition):
-        return policy.partition(window, target, real, cost, summaries=summaries)
-    return policy.partition(window, target, real, cost)
+    return rows.summary_array if policy.summary_arrays is True else rows.summaries
 
 
 def check_partition(groups: Sequence[Sequence[int]], n: int, real: int, window: Sequence[Sizes],

@@ -89,14 +89,14 @@ def intake_sizes(groups: Sequence[Group], window: int) -> list[int]:
 
 
 def policy_intake(policy, window: Sequence[Sizes], cost: CostModel, W: int) -> list[int]:
-    """What a rank posts for the bound: `intake_sizes` of ``policy.groups(window, cost)`` when the
-    policy has that method (it declares that its ``partition`` emits whole groups among them, or
-    the whole window when asked for more: `BalancedPolicy`), else the window size at every T
-    (no bound below the whole window: the dealer then tops the rank up to ``W``)."""
-    groups = getattr(policy, "groups", None)
+    """What a rank posts for the bound: `intake_sizes` of ``policy.groups(window, cost)`` (its
+    ``partition`` emits whole groups among them, or the whole window when asked for more:
+    `BalancedPolicy`), or when that is None (`AlignmentPolicy.groups`' default) the window size at
+    every T (no bound below the whole window: the dealer then tops the rank up to ``W``)."""
+    groups = policy.groups(window, cost)
     if groups is None:
         return [len(window)] * len(intake_ladder(W))
-    return intake_sizes(groups(window, cost), W)
+    return intake_sizes(groups, W)
 
 
 def intake_bound(window: int, n, ladder, target: int):

@@ -65,7 +65,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from ..errors import ConfigError, ProtocolError
-from .base import CostModel, Sizes
+from .base import AlignmentPolicy, CostModel, Sizes
 from .cost import QUADRATIC_B, BudgetCost
 from .grouping import Group, _group, pack
 
@@ -377,7 +377,7 @@ def _same(key: object, summaries: object) -> bool:
     return key == tuple(map(tuple, summaries))
 
 
-class BalancedPolicy:
+class BalancedPolicy(AlignmentPolicy):
     """Full groups, minimum-need target, a shared per-step cost profile (see the module docstring).
 
     Summary layout (``summary_len = 5 + NUM_BUCKETS`` ints):

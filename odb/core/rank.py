@@ -35,7 +35,7 @@ from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..batching.base import call_partition, check_partition, summaries_for
+from ..batching.base import check_partition, summaries_for
 from ..batching.deal import policy_intake, sample_cost
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
@@ -114,7 +114,7 @@ class RankCore:
         self._groups: list[int] = []
         # where each formed batch runs and which counts this rank posts (`odb.core.placement`)
         self.placement = stage_for(layout, rank=rank, lane=lane, filler=self._filler, cost=cost,
-                                   attention=getattr(policy, "attention", 0.0), stats=stats, cfg=self.cfg, mode=mode,
+                                   attention=policy.attention, stats=stats, cfg=self.cfg, mode=mode,
                                    dealt=self.deal is not None)
         self._send: tuple = ()           # the exchange's moves of the last collect, for its `Out`
         self._expect: tuple = ()
@@ -251,8 +251,8 @@ class RankCore:
                 raise ProtocolError(f"rank {self.rank}: round {self._posted - 1}'s partition without its post's "
                                     "window (a collect the table fired without a post)")
             try:
-                groups = call_partition(self.policy, sizes, target, lo, self.cost,
-                                        summaries_for(self.policy, self._rows))
+                groups = self.policy.partition(sizes, target, lo, self.cost,
+                                               summaries=summaries_for(self.policy, self._rows))
                 check_partition(groups, len(sizes), lo, sizes, self.cost)
             except Exception as e:  # a policy bug is local to this rank: stop through the table
                 self._fail(ProtocolError(

@@ -99,7 +99,7 @@ def describe_policy(policy: Any) -> str:
     or tuples of them) for the check to see it.
     """
     cls = type(policy)
-    parts = [f"{cls.__module__}.{cls.__qualname__}", f"summary_len={getattr(policy, 'summary_len', None)!r}"]
+    parts = [f"{cls.__module__}.{cls.__qualname__}", f"summary_len={policy.summary_len!r}"]
     params = {k: v for k, v in sorted(vars(policy).items()) if not k.startswith("_") and _plain(v)} \
         if hasattr(policy, "__dict__") else {}
     parts += [f"{k}={v!r}" for k, v in params.items()]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from ..batching.base import CostModel
+from ..batching.base import CostModel, check_policy
 from ..core.info import LOSS_BASES
 from ..core.shared import Shared, describe_cost, describe_policy
 from ..errors import ConfigError
@@ -168,6 +168,8 @@ class LoaderSettings:
             bad("exchange_slack", "a number from 0 to 0.1")
         if sl and not self.exchange:
             raise ConfigError(f"exchange_slack={sl!r} without exchange=True: the slack is the exchange plan's")
+        if self.policy is not None:
+            check_policy(self.policy)
         if self.shift_labels is not None and not isinstance(self.shift_labels, bool):
             bad("shift_labels", "None, True or False")
         tb = self.token_budget
