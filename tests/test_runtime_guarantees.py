@@ -133,7 +133,7 @@ def test_a_rank_that_saw_no_sample_within_budget_builds_fillers_from_one_that_fi
     # defect (issue 49): only over-budget samples -> "no sample to build a PAD filler batch"; now the
     # cheapest one is cut to the budget, every label ignored
     cut = filler_template(loader, [0, 1])(None)
-    assert len(cut["input_ids"]) == 512 and loader._fits(cut)
+    assert len(cut["input_ids"]) == 512 and loader.fits(cut)
     cut = filler_template(loader, [0, 1])({"input_ids": list(range(700)), "labels": list(range(700))})
     assert len(cut["input_ids"]) == 512 and cut["labels"] == [-100] * 512
     loader.close()

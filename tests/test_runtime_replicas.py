@@ -108,7 +108,7 @@ def _diverge(rank, world_size, spec):
     loader = odb.ODBDataLoader(Samples(LONG_TAIL[:300]), 160, id_collate, buffer_size=8, timeout_s=30,
                                trace_dir=spec["trace_dir"], **kw)
     if spec["what"] == "deal" and rank == 1:
-        loader._aheads = (loader._aheads[0] + 5,) + loader._aheads[1:]  # a seeded rank-local perturbation
+        loader.aheads = (loader.aheads[0] + 5,) + loader.aheads[1:]  # a seeded rank-local perturbation
     steps = 0
     try:
         for _ in map(odb.pop_step_info, loader):

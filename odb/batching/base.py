@@ -41,12 +41,9 @@ from __future__ import annotations
 
 import abc
 from itertools import chain
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .grouping import Group
 
 __all__ = ["Sizes", "CostModel", "AlignmentPolicy", "check_policy", "check_partition", "summaries_for"]
 
@@ -82,7 +79,7 @@ class AlignmentPolicy(abc.ABC):
     attention: float = 0.0
     """The weight of attention work in a batch's fill, per token of context (0: the budget fill)."""
 
-    def groups(self, window: Sequence[Sizes], cost: CostModel) -> "list[Group] | None":
+    def groups(self, window: Sequence[Sizes], cost: CostModel) -> list | None:
         """The whole groups (`odb.batching.grouping.Group`) `partition` emits from, or when asked for more,
         the whole window; None (the default): no such promise, the dealer bounds this rank's intake by W."""
         return None

@@ -15,7 +15,7 @@ import signal
 import time
 import warnings
 from collections.abc import Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, Receipts, attach_step_info
@@ -32,10 +32,46 @@ from .observe import PassObserver
 from .source import _measure
 from .trace import TraceWriter, trace_path
 
-if TYPE_CHECKING:
-    from .loader import ODBDataLoader
+__all__ = ["Pass", "PassHost", "start_engine", "filler_template", "cut_to_budget", "check_filler", "sample_fits"]
 
-__all__ = ["Pass", "start_engine", "filler_template", "cut_to_budget", "check_filler", "sample_fits"]
+
+class PassHost(Protocol):
+    """What a pass reads of its loader (`odb.ODBDataLoader` is one): the loader hands itself to `start_engine`
+    and `Pass`, which read these members and nothing else, and call back only `end_pass` and `join_engine`."""
+
+    rank: int
+    world_size: int
+    settings: Any            # `odb.runtime.settings.LoaderSettings`
+    dataset: Any
+    collate_fn: Callable
+    cost: Any                # the built cost model and policy, the header layout and the compared settings
+    policy: Any
+    layout: Any
+    shared: Any
+    sharding: str            # "dealt" or "fixed"
+    mode: str
+    timeout_s: float
+    stats: Any               # `odb.core.info.LoaderStats`: the pass counts into it
+    ledger: Any              # `odb.runtime.ledger.EpochLedger`: the pass records its batches there
+    source: Any              # `odb.runtime.source.Source`: this rank's preprocessing
+    group: Any               # `odb.runtime.group.LoaderGroup`
+    aheads: Sequence[int]    # every rank's prefetch, gathered at construction
+    loader_id: int
+    closed: bool             # read on every batch: the loader was closed under the pass
+    joined: int              # open join contexts (`odb.integrations.join_context`)
+    hinted: bool             # the planner's hint was logged (`odb.runtime.observe`)
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def order_kind(self) -> str: ...
+
+    def fits(self, sample) -> bool: ...
+
+    def end_pass(self, unemitted0: int) -> None: ...
+
+    def join_engine(self, eng: Engine) -> None: ...
 
 
 def sample_fits(sample, cost, settings) -> bool:
@@ -95,11 +131,11 @@ def cut_to_budget(sample, fits: Callable) -> Any:
     return cut(lo) if lo >= 1 else None
 
 
-def filler_template(loader: "ODBDataLoader", order: list | None) -> Callable:
+def filler_template(loader: "PassHost", order: list | None) -> Callable:
     """The core's ``template(fallback)`` for a rank that saw no sample within the budget: the cheapest
     over-budget sample it saw cut to the budget; else (map-style) the first of up to 16 indices of its order
     whose sample fits or can be cut; else a SampleError that names the settings which would work."""
-    fits, s = loader._fits, loader.settings
+    fits, s = loader.fits, loader.settings
     fixes = "pass filler_sample=<a processed sample within the budget>" + (
         " or use mode='join'" if not s.exchange and s.pool_size == 1 else "")
 
@@ -157,7 +193,7 @@ class Pass:
     A newer ``iter(loader)`` replaces it: it is closed, and its next use raises `ConfigError`.
     """
 
-    def __init__(self, loader: "ODBDataLoader", eng: Engine, before):
+    def __init__(self, loader: "PassHost", eng: Engine, before):
         """`before`: the loader's stats just before `eng` started (`LoaderStats.snapshot`)."""
         self._loader, self._eng = loader, eng
         self._unemitted0 = before.unemitted
@@ -167,7 +203,7 @@ class Pass:
         self.replaced = False
         self.receipts = Receipts()
         self._yielded = 0
-        total = len(loader.dataset) if loader._order_kind() == "own" else None
+        total = len(loader.dataset) if loader.order_kind == "own" else None
         self._observer = PassObserver(loader, self.epoch, total, before)
 
     def __iter__(self) -> "Pass":
@@ -317,40 +353,39 @@ class Pass:
             pass
 
 
-def start_engine(loader: "ODBDataLoader", order: list | None) -> Engine:
-    """Begin a pass of `loader` over `order` (None: a stream): the dealt order and its first deal (dealt
+def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
+    """Begin the `index`-th pass of `loader` over `order` (None: a stream): the dealt order and its first deal (dealt
     sharding gathers every rank's yielded positions first), the source, the filler template, the trace,
     and the rank core its engine drives; returns the started engine."""
     s, done, deal = loader.settings, loader.ledger.done, None
     lanes = s.pool_size  # pooled windows (`odb.core.placement`): the table's participants are the pools
-    aheads = pool_aheads(loader._aheads, lanes)
+    aheads = pool_aheads(loader.aheads, lanes)
     if loader.sharding == "dealt":
-        every = {p for rgs in loader._group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
+        every = {p for rgs in loader.group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}
         deal = DealtOrder(Keys.of(order, every), loader.world_size // lanes, loader.rank // lanes,
                           lead=first_lead(loader.layout.window, aheads), stats=loader.stats)
         deal.first()
-        loader._source.start(None, frozenset(), deal=deal)
+        loader.source.start(None, frozenset(), deal=deal)
     else:
         keys = None if order is None else [(p, i) for p, i in enumerate(order) if p not in done]
-        loader._source.start(keys, frozenset(done))
+        loader.source.start(keys, frozenset(done))
     template = filler_template(loader, order)
     trace = None
     if s.trace_dir is not None:
         cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length,
                "xchg": int(s.exchange)}
-        trace = TraceWriter(trace_path(s.trace_dir, loader._loader_id, loader._passes, loader.rank), {
+        trace = TraceWriter(trace_path(s.trace_dir, loader.loader_id, index, loader.rank), {
             "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
-            "epoch": loader.epoch, "mode": s.mode, "loader": loader._loader_id, "iteration": loader._passes,
+            "epoch": loader.epoch, "mode": s.mode, "loader": loader.loader_id, "iteration": index,
             "policy": type(loader.policy).__name__, "sharding": loader.sharding, "lanes": lanes,
             "exchange_slack": loader.layout.slack})
-    loader._passes += 1
     replica = Replicated(loader.shared, world_size=loader.world_size // lanes, aheads=aheads, policy=loader.policy,
                          order=deal, epoch=loader.epoch)
     core = RankCore(rank=loader.rank, world_size=loader.world_size, mode=MODES[s.mode], policy=loader.policy,
-                    cost=loader.cost, replica=replica, layout=loader.layout, source=loader._source,
+                    cost=loader.cost, replica=replica, layout=loader.layout, source=loader.source,
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
                     lane=loader.rank % lanes, traced=trace is not None)
-    eng = Engine(core=core, source=loader._source, group=loader._group.group, timeout_s=loader.timeout_s, trace=trace,
+    eng = Engine(core=core, source=loader.source, group=loader.group.group, timeout_s=loader.timeout_s, trace=trace,
                  queue_samples=loader.layout.window, stats=loader.stats)
     eng.start()
     return eng

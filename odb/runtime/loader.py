@@ -30,7 +30,7 @@ from ..core.info import LoaderStats
 from ..core.placement import check_pool
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
-from .epoch_pass import Pass, check_filler, sample_fits, start_engine
+from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
 from .group import LoaderGroup
 from .ledger import EpochLedger
 from .settings import LoaderSettings, settings_help
@@ -76,7 +76,7 @@ class ODBDataLoader:
     def __init__(self, dataset, token_budget=None, collate_fn: Callable | None = None, *,
                  settings: LoaderSettings | None = None, **kwargs):  # the keywords: LoaderSettings's fields
         self.closed = True  # until construction completes (close() / __del__ are then no-ops)
-        self._source = None
+        self.source = None            # this rank's preprocessing (`odb.runtime.source.Source`)
         try:  # what one rank may reject by itself; the construction check then tells every rank
             self._build(dataset, token_budget, collate_fn, settings, kwargs)
             failure = None
@@ -86,26 +86,28 @@ class ODBDataLoader:
         pg = s.process_group if s is not None else kwargs.get("process_group")
         timeout = s.timeout_s if s is not None else kwargs.get("timeout_s", LoaderSettings.timeout_s)
         try:
-            self._group = LoaderGroup(pg, float(timeout) if isinstance(timeout, (int, float)) and timeout > 0
+            self.group = LoaderGroup(  # the loader's gloo group and its construction check
+                pg, float(timeout) if isinstance(timeout, (int, float)) and timeout > 0
                                       else LoaderSettings.timeout_s)
         except Exception:
             self._close_source()
             if failure is not None:
                 raise failure from None
             raise
-        self.rank, self.world_size = self._group.rank, self._group.world_size
+        self.rank, self.world_size = self.group.rank, self.group.world_size
         try:  # every rank's prefetch, gathered with the compared settings (or this rank's failure)
-            self._aheads = self._group.agree(None if failure else self.shared,
-                                             0 if failure else self._source.ahead, failure)
+            self.aheads = self.group.agree(  # every rank's prefetch, gathered
+                None if failure else self.shared,
+                                             0 if failure else self.source.ahead, failure)
         except BaseException:
             self._close_source()
-            self._group.destroy()
+            self.group.destroy()
             raise
         # compared settings and the gathered prefetches: every rank decides alike
-        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self._aheads)
+        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self.aheads)
         self.stats = LoaderStats()
         self.ledger = EpochLedger()
-        self._loader_id = next(_LOADER_IDS)
+        self.loader_id = next(_LOADER_IDS)
         self._passes = 0
         self._engine: Engine | None = None
         self._engine_drained = False  # the consumer saw "end" (JOIN: the engine may still run)
@@ -137,16 +139,17 @@ class ODBDataLoader:
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
                                policy=self.policy, num_positions=len(dataset) if own_order else None,
                                shift_labels=self.shift_labels)
-        self._source = Source(dataset, length_fn=s.length_fn, num_workers=s.num_workers,
+        self.source = Source(dataset, length_fn=s.length_fn, num_workers=s.num_workers,
                               prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers,
                               multiprocessing_context=s.multiprocessing_context, worker_init_fn=s.worker_init_fn,
                               shift_labels=self.shift_labels, worker_timeout_s=float(s.timeout_s))
 
     def _close_source(self) -> None:
-        if self._source is not None:
-            self._source.close()
+        if self.source is not None:
+            self.source.close()
 
-    def _fits(self, sample) -> bool:
+    def fits(self, sample) -> bool:
+        """The sample, measured as this loader measures it, fits the budget."""
         return sample_fits(sample, self.cost, self.settings)
 
     def _open_pass(self) -> bool:
@@ -181,7 +184,7 @@ class ODBDataLoader:
 
     def _order(self) -> list | None:
         s = self.settings
-        if self._source.iterable:
+        if self.source.iterable:
             return None
         if s.sampler is not None:
             return list(iter(s.sampler))
@@ -208,7 +211,8 @@ class ODBDataLoader:
         order = self._order()
         self.ledger.start_pass(-1 if order is None else len(order))
         before = self.stats.snapshot()  # before the engine starts counting this pass's samples
-        eng = start_engine(self, order)
+        eng = start_engine(self, order, self._passes)
+        self._passes += 1
         self._engine, self._engine_drained = eng, False
         it = Pass(self, eng, before)
         self._pass = weakref.ref(it)
@@ -248,8 +252,10 @@ class ODBDataLoader:
                           f"{eng.error}", stacklevel=3)
 
     # -- checkpointing ------------------------------------------------------------------
-    def _order_kind(self) -> str:
-        return "stream" if self._source.iterable else ("sampler" if self.settings.sampler is not None else "own")
+    @property
+    def order_kind(self) -> str:
+        """What decides this rank's samples: "own" (the loader's order), "sampler" or "stream"."""
+        return "stream" if self.source.iterable else ("sampler" if self.settings.sampler is not None else "own")
 
     def state_dict(self) -> dict:
         """This rank's record of the current epoch (`odb.runtime.ledger`).  Per rank: save each rank's
@@ -257,7 +263,7 @@ class ODBDataLoader:
         to resume on any number of ranks.  Dealt: the next pass gathers every rank's record, so all
         ranks resume together."""
         return self.ledger.state_dict(world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                      shuffle=self.settings.shuffle, sharding=self.sharding, order=self._order_kind(),
+                                      shuffle=self.settings.shuffle, sharding=self.sharding, order=self.order_kind,
                                       mode=self.mode)
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -271,9 +277,9 @@ class ODBDataLoader:
             self.set_epoch(epoch)
             order = self._order()
             return -1 if order is None else len(order)
-        own = self._order_kind() == "own"
+        own = self.order_kind == "own"
         self.ledger.load_state_dict(state, world_size=self.world_size, rank=self.rank, seed=self.seed,
-                                    shuffle=self.settings.shuffle, sharding=self.sharding, order=self._order_kind(),
+                                    shuffle=self.settings.shuffle, sharding=self.sharding, order=self.order_kind,
                                     positions_of=positions_of,
                                     global_positions=len(self.dataset) if own else None)
         if isinstance(state, Mapping) and state.get("kind") == "global":
@@ -293,7 +299,7 @@ class ODBDataLoader:
             self._finish_engine()
         finally:
             self._close_source()
-            self._group.destroy()
+            self.group.destroy()
 
     def __enter__(self) -> "ODBDataLoader":
         return self

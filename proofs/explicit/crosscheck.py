@@ -53,7 +53,7 @@ def _filler_without_progress() -> Table:
 
 def _catalogue(name: str):
     def build() -> Table:
-        from ..mutants import by_name
+        from ..mutants.catalogue import by_name
         return by_name(name).table()
     return build
 
