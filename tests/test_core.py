@@ -256,7 +256,7 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
         class Listed:  # ten samples of 3 to 30 tokens
             def __init__(self):
                 self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(10)]
-                self.pulled, self.dry = 0, False
+                self.pulled, self.dry, self.reserve_taken = 0, False, 0
 
             def next(self):
                 if self.pulled == len(self.items):

@@ -83,3 +83,17 @@ def test_resume_round_trip_emits_every_sample_exactly_once(tmp_path):
     second = run(tmp_path / "b", 2, W=8, state=[v["state"] for v in first], budget=160)
     assert emitted(first + second) == list(range(len(LENGTHS)))
     assert_conformant(str(tmp_path / "b" / "traces"))
+
+
+def test_quota_stopping_with_positions_never_dealt_reports_them_unemitted_once(tmp_path):
+    # drops (7 in 10) run one rank dry while the dealer still holds positions back: QUOTA stops there, and the
+    # positions no rank was dealt are counted once, on rank 0, with every rank's unread keys and window
+    rng = random.Random(3)
+    drops = [i for i in range(len(LENGTHS)) if rng.random() < 0.7]
+    values = run(tmp_path, 3, W=4, drop=drops, budget=160, mode="quota")
+    left = [i for v in values for i in v["stats"]["unemitted_indices"]]
+    assert values[0]["stats"]["unemitted_indices"]
+    # every sample is emitted or reported once (an unread position may be one that would have dropped)
+    kept = sorted(emitted(values) + [i for i in left if i not in drops])
+    assert kept == sorted(set(range(len(LENGTHS))) - set(drops)) and len(set(left)) == len(left)
+    assert_conformant(str(tmp_path / "traces"))

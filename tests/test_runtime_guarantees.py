@@ -395,6 +395,7 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
     class Listed:  # a data source of four samples
         def __init__(self):
             self.items, self.pulled, self.dry = [(p, p, {"input_ids": [1] * 3}, ((3,), 3)) for p in range(4)], 0, False
+            self.reserve_taken = 0
 
         def next(self):
             if self.pulled == len(self.items):

@@ -726,6 +726,11 @@ class DealtOrder:
     counts in `reserve_taken` and reports in its next header; else None.  A None while more
     could have been dealt makes the rank *dry* (`dry`): its source ends and the dealer deals
     it nothing more (module docstring).  Pure: no torch, no threads.
+
+    Who touches it: it is built with its first deal at the pass start (`odb.runtime.epoch_pass.start_engine`,
+    `odb.core.sim`); after that the rank's data source alone reads it (`key`, `keys`, `dry`, `reserve_taken`,
+    `undealt`: the rank core asks the source, never the order) and the replicated decision alone advances it
+    (`deal`, in `odb.core.replica.Replicated.decide`, which also posts its dealer's digest).
     """
 
     def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None,

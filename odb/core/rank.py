@@ -80,8 +80,9 @@ class RankCore:
 
     :param source: ``next() -> raw item | None`` (None: exhausted; may raise `Interrupted` or any
         error, which becomes this rank's local error), ``pulled`` (raw items returned this pass),
-        ``dry`` (dealt sharding: its keys ran dry), ``remaining() -> list | None`` (indices not
-        read yet, for QUOTA's count).
+        ``remaining() -> list | None`` (indices not read yet, for QUOTA's count), and of the dealt
+        order (`odb.batching.deal.DealtOrder`, which the core never reads itself): ``dry`` (its keys
+        ran dry), ``reserve_taken`` and ``undealt()`` (0 and [] for fixed shards).
     :param template: ``template(fallback)`` returns a sample to build PAD fillers from when the rank has
         seen none within the budget; ``fallback`` is the cheapest over-budget sample it saw (None if none);
         may raise.
@@ -102,7 +103,7 @@ class RankCore:
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
         self.W = layout.window
         self.cfg = replica.cfg
-        self.deal = replica.order
+        self.dealt = replica.order is not None  # the deal itself: read by the source, advanced by the replica
         self.epoch = replica.epoch
         self.local = machine.initial_local(DGAP, self.cfg)
         self.status = OK
@@ -115,7 +116,7 @@ class RankCore:
         # where each formed batch runs and which counts this rank posts (`odb.core.placement`)
         self.placement = stage_for(layout, rank=rank, lane=lane, filler=self._filler, cost=cost,
                                    attention=policy.attention, stats=stats, cfg=self.cfg, mode=mode,
-                                   dealt=self.deal is not None)
+                                   dealt=self.dealt)
         self._send: tuple = ()           # the exchange's moves of the last collect, for its `Out`
         self._expect: tuple = ()
         self._fetched: Item | None = None
@@ -230,8 +231,8 @@ class RankCore:
             summary = [int(v) for v in self.policy.summarize(sizes, self.cost, bool(self.local["exhausted"]))]
             if len(summary) != S:
                 raise ProtocolError(f"policy summary has {len(summary)} ints, summary_len says {S}")
-            intake = [0] * lad if self.deal is None else [int(v) for v in policy_intake(self.policy, sizes, self.cost,
-                                                                                            self.W)]
+            intake = [int(v) for v in policy_intake(self.policy, sizes, self.cost, self.W)] if self.dealt \
+                else [0] * lad
             self._prepared = (summary, intake)
         except Exception as e:
             self._fail(ProtocolError(
@@ -306,7 +307,7 @@ class RankCore:
                     self.stats.oversize_skipped += 1
                     continue
             c = self._sample_cost(sizes)
-            if self.deal is not None:
+            if self.dealt:
                 self._cost_taken += c
             if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
                 if self._template is None or c < self._template_cost:
@@ -372,7 +373,7 @@ class RankCore:
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
             summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
-            reserve=0 if self.deal is None else self.deal.reserve_taken, intake=intake, fills=fills)
+            reserve=self.source.reserve_taken, intake=intake, fills=fills)
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}
         if fills and self.traced:
@@ -466,8 +467,8 @@ class RankCore:
     def _count_unemitted(self) -> None:
         left = [it.index for it in self._window]
         rest = self.source.remaining()
-        if self.deal is not None and self.rank == 0:  # what no rank was dealt: counted once, on rank 0
-            rest = (rest or []) + self.deal.undealt()
+        if self.rank == 0:  # what no rank was dealt: counted once, on rank 0
+            rest = (rest or []) + self.source.undealt()
         self.stats.unemitted += len(left) + (len(rest) if rest else 0)
         self.stats.unemitted_indices.extend(left + (rest or []))
 

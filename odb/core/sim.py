@@ -125,6 +125,11 @@ class _ListSource:
     def remaining(self) -> list:
         return [it[1] for it in self.items[self.pulled:]]
 
+    reserve_taken = 0
+
+    def undealt(self) -> list:
+        return []
+
 
 class _DealtSource:
     """The rank's dealt keys, read one at a time through its `DealtOrder` (as the runtime's sampler does)."""
@@ -150,6 +155,13 @@ class _DealtSource:
 
     def remaining(self) -> list:
         return [index for _, index in self.order.keys[self.pulled:]]
+
+    @property
+    def reserve_taken(self) -> int:
+        return self.order.reserve_taken
+
+    def undealt(self) -> list:
+        return self.order.undealt()
 
 
 class _Setting:

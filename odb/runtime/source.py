@@ -335,6 +335,17 @@ class Source:
         keys = self._keys.keys if self._keys.deal is None else self._keys.deal.keys
         return [index for _, index in keys[self._pulled:]]
 
+    @property
+    def reserve_taken(self) -> int:
+        """Dealt sharding: reserve positions this rank's reads took (posted in its header); 0 otherwise."""
+        deal = self._keys.deal if self._keys is not None else None
+        return 0 if deal is None else deal.reserve_taken
+
+    def undealt(self) -> list:
+        """Dealt sharding: the indices no rank was dealt (QUOTA's stop counts them once); [] otherwise."""
+        deal = self._keys.deal if self._keys is not None else None
+        return [] if deal is None else deal.undealt()
+
     def stop(self) -> None:
         """End the epoch's iterator (non-persistent workers exit here)."""
         self._it = None

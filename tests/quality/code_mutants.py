@@ -104,6 +104,17 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "return (int(ahead),) * self.world_size",
                (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
                "every rank uses its own prefetch for every rank's need (the bug behind issue 12)"),
+    CodeMutant("source_reserve_unposted", "odb/runtime/source.py",
+               "return 0 if deal is None else deal.reserve_taken", "return 0",
+               ("tests/test_runtime_dealt.py::test_a_rank_that_runs_dry_through_drops_is_dealt_nothing_more_and_"
+                "nothing_is_lost", "tests/test_runtime_dealt.py::test_every_sample_is_emitted_exactly_once_and_the_"
+                "traces_conform"),
+               "the source never reports the reserve positions its reads took: the dealer deals them again"),
+    CodeMutant("source_undealt_uncounted", "odb/runtime/source.py",
+               "return [] if deal is None else deal.undealt()", "return []",
+               ("tests/test_runtime_dealt.py::test_quota_stopping_with_positions_never_dealt_reports_them_unemitted_"
+                "once",),
+               "QUOTA's stop leaves the positions no rank was dealt out of the unemitted count: lost silently"),
     CodeMutant("lead_from_own_prefetch", "odb/runtime/epoch_pass.py", "lead=first_lead(loader.layout.window, aheads)",
                "lead=first_lead(loader.layout.window, (loader.source.ahead,))",
                (R + "test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once",),
