@@ -6,8 +6,9 @@
 Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop in DDP Join.
 ``--pool-size G`` pools the windows of G consecutive ranks (a host's, under torchrun: its
 ``--nproc_per_node``): each of them preprocesses the pool's samples and trains on its share of the pool's
-batches (`odb.core.placement`; mode "pad").  ``--exchange`` turns on the round exchange: each round's batches
-are re-dealt across the ranks by fill and moved between them (`odb.batching.exchange`; mode "pad" or "quota").
+batches (``placement=odb.Pooled(G)``; mode "pad").  ``--exchange`` turns on the round exchange: each round's batches
+are re-dealt across the ranks by fill and moved between them (``placement=odb.Exchanged(pool=G)``; mode "pad" or
+"quota").
 """
 
 import argparse
@@ -22,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 from _tiny import TinyDataset, tiny_llama  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from odb import ODBDataLoader  # noqa: E402
+from odb import Exchanged, ODBDataLoader, Pooled  # noqa: E402
 from odb.integrations import TrainStream, join_context, sample_scheduler, weighted_loss  # noqa: E402
 
 
@@ -41,8 +42,8 @@ def main() -> None:
     model = DDP(net) if world > 1 else net
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     ds = TinyDataset(64)
-    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, pool_size=a.pool_size,
-                           exchange=a.exchange, timeout_s=60)
+    placement = Exchanged(pool=a.pool_size) if a.exchange else Pooled(a.pool_size) if a.pool_size > 1 else None
+    loader = ODBDataLoader(ds, token_budget=64, buffer_size=8, mode=a.mode, placement=placement, timeout_s=60)
     budget = a.epochs * len(ds)
     # mode "join": whole epochs, no accumulation and no sample budget (ranks end epochs at different steps)
     join = a.mode == "join"

@@ -12,8 +12,9 @@ from .errors import ConfigError, ODBError, ProtocolError, RankFailure, SampleErr
 __version__ = "0.1.0"
 DISTRIBUTION = "odb-verified"  # `odb._identity.check` looks for it: a package of another origin lacks it
 
-_LAZY = {"ODBDataLoader": "runtime", "LoaderSettings": "runtime", "merge_states": "runtime",
-         "StepInfo": "core.info", "pop_step_info": "core.info", "LoaderStats": "core.info"}
+_LAZY = {"ODBDataLoader": "runtime", "LoaderSettings": "settings", "merge_states": "runtime",
+         "StepInfo": "core.info", "pop_step_info": "core.info", "LoaderStats": "core.info",
+         "Pooled": "core.placement", "Exchanged": "core.placement"}
 
 __all__ = ["ODBError", "ConfigError", "ProtocolError", "RankFailure", "SampleError", *sorted(_LAZY)]
 

@@ -56,7 +56,9 @@ import numpy as np
 
 from odb.batching import make_cost_model
 from odb.core.header import Gathered, Post, reduce_posts
+from odb.core.placement import Exchanged, Pooled
 from odb.core.sim import replay_rank, simulate
+from odb.settings import LoaderSettings
 from odb.runtime.transport import counts_mode
 
 from .cpu import reference_ms
@@ -90,6 +92,13 @@ def _setting(a: dict):
     return sizes, make_cost_model(a["kind"], a["budget"])
 
 
+def _settings(a: dict, cost) -> LoaderSettings:
+    """The loader settings `a` stands for (``pool_size``, ``exchange``, ``exchange_slack`` in basis points)."""
+    G, slack = a.get("pool_size", 1), a.get("exchange_slack", 0)
+    placement = Exchanged(pool=G, slack=slack / 10_000) if a.get("exchange") else Pooled(G) if G > 1 else None
+    return LoaderSettings(token_budget=None, cost=cost, buffer_size=a["window"], placement=placement)
+
+
 def record(a: dict, path: str) -> dict:
     """Simulate `a` (dist, world, window, budget, kind, per_rank, seed, rounds, pool_size; dealt sharding,
     the default policy for the pool size) and save, for the first ``a["rounds"]`` rounds (None: the whole
@@ -117,8 +126,7 @@ def record(a: dict, path: str) -> dict:
 
     t0 = time.perf_counter()
     xchg = a.get("exchange", False)
-    simulate([[] for _ in range(a["world"])], cost, window=a["window"], mode="pad", deal=sizes, on_round=on_round,
-             pool_size=G, exchange=xchg, exchange_slack=a.get("exchange_slack", 0),
+    simulate([[] for _ in range(a["world"])], _settings(a, cost), deal=sizes, on_round=on_round,
              on_moved=on_moved if xchg else None)
     if xchg:  # the rounds whose collect ran (a round cut short by `rounds` moved nothing)
         keep = {k: v[:len(moved)] for k, v in keep.items()}
@@ -166,9 +174,8 @@ def replay(a: dict, path: str) -> list[dict]:
         gc.freeze()
     out = []
     for _ in range(a["passes"]):
-        out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], cost, window=a["window"],
-                           mode="pad", deal=sizes, pool_size=G, exchange=a.get("exchange", False),
-                           exchange_slack=a.get("exchange_slack", 0), received=received)
+        out += replay_rank(a["rank"], rounds, [[] for _ in range(a["world"])], _settings(a, cost), deal=sizes,
+                           received=received)
     return out
 
 

@@ -1,9 +1,10 @@
-"""What the round exchange (``exchange=True``) costs the loader on loopback gloo, beside the loader without it.
+"""What the round exchange (``placement=odb.Exchanged()``) costs the loader on loopback gloo, beside the loader
+without it.
 
 N gloo processes on this machine each run ``passes`` rounds of passes of `odb.ODBDataLoader` over the same
 long-tailed text data (samples of int64 ``input_ids`` and ``labels`` tensors, 16 to 4,096 tokens), dealt
 sharding, padded cost: one pass without the exchange, one with it and, with ``--slack``, one with budget
-balance (``exchange_slack``), in turn, so that all see the same load on the machine.  The consumer only
+balance (``Exchanged(slack=...)``), in turn, so that all see the same load on the machine.  The consumer only
 reads each batch's padded cost (its collate computes nothing else): the figures are the loader's own.  Per
 pass and rank: wall time, time in the header collectives, time in the exchange's transfers, batches sent and
 received, bytes moved, and two straggler figures, what the moves bought: the loader's own estimate (every
@@ -66,8 +67,10 @@ def _cost(samples):
 
 def _modes(slack: int) -> list[tuple[str, dict]]:
     """The passes of one round: (name, the loader's exchange settings)."""
-    out = [("plain", {}), ("exchange", {"exchange": True})]
-    return out + [("balanced", {"exchange": True, "exchange_slack": slack / 10_000})] if slack else out
+    from odb.core.placement import Exchanged
+
+    out = [("plain", {}), ("exchange", {"placement": Exchanged()})]
+    return out + [("balanced", {"placement": Exchanged(slack=slack / 10_000)})] if slack else out
 
 
 def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:

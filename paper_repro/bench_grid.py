@@ -17,6 +17,7 @@ from odb.baselines import (PEERS, ReleasePolicy, batch_lower_bound, bucketed_max
                            memory_equivalent_batch_size, standard, step_lower_bound)
 from odb.batching import default_policy, make_cost_model
 from odb.core.sim import simulate
+from odb.settings import LoaderSettings
 
 from .bench_metrics import metrics
 from .distributions import DISTRIBUTIONS, sample_lengths
@@ -106,12 +107,13 @@ def schedules(pt: Point, world: int, window: int, methods: Sequence[str], target
         elif name in peers:  # the peers, on the same lengths in dataset order (the ones that shard use strided shards)
             rows, row_sizes = peers[name].fn(sizes, cost, world), sizes
         elif name in SIMULATED:
-            factory = ReleasePolicy if name == "release_reimpl" else default_policy
+            policy = ReleasePolicy() if name == "release_reimpl" else default_policy()
+            setting = LoaderSettings(token_budget=None, cost=cost, buffer_size=window, policy=policy)
             if name == "odb_dealt":  # positions of the one global order `sizes`, dealt to the ranks as they consume them
-                sim = simulate([[] for _ in range(world)], cost, window=window, mode="pad", policy=factory, deal=sizes)
+                sim = simulate([[] for _ in range(world)], setting, deal=sizes)
                 rows, row_sizes = sim.batches, sizes
             else:
-                sim = simulate(pt.shards, cost, window=window, mode="pad", policy=factory)
+                sim = simulate(pt.shards, setting)
                 rows, row_sizes = _sim_rows(sim, pt.starts), pt.order_sizes
             if targets is not None:
                 targets[name] = list(sim.targets)

@@ -84,6 +84,7 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
               seed: int = 0, report: bool = False) -> dict:
     """ODB's schedule on one point and where its lost balance falls (module docstring); `report`: the two
     prototypes and the step-time model's figures too (padded cost only)."""
+    from odb import LoaderSettings
     from odb.batching import default_policy
     from odb.core.sim import simulate
     from odb.runtime.engine import header_layout
@@ -103,7 +104,8 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
                 first.append(rnd)
         return False
 
-    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, on_round=on_round)
+    sim = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window),
+                   deal=pt.sizes, on_round=on_round)
     _exactly_once(sim.batches, len(pt.sizes), f"epoch end {dist} N={world} W={window}")
     m = metrics(sim.batches, pt.sizes, pt.cost)
 
@@ -145,7 +147,8 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
     out.update(throughput_vs_gmt=sps(sim.batches, sim.rounds) / g, equal_throughput_vs_gmt=sps(eq, sim.rounds) / g,
                equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"])
     # the second prototype: another rule 1, its own run of the same lengths
-    fl = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, policy=flow_until_all)
+    fl = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window,
+                                                             policy=flow_until_all()), deal=pt.sizes)
     _exactly_once(fl.batches, len(pt.sizes), f"flow until all {dist} N={world} W={window}")
     out.update(flow_straggler=metrics(fl.batches, pt.sizes, pt.cost)["straggler_eff"],
                flow_throughput_vs_gmt=sps(fl.batches, fl.rounds) / g)

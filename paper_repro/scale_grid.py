@@ -253,6 +253,7 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
 def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bool = False, slack: int = 0) -> dict:
     """ODB with ``pool_size=HOST`` through the rank core (`odb.core.sim`, one core per pool), both scores;
     with the round exchange (`exchange`) too, and its data movement; `slack`: its budget balance (basis points)."""
+    from odb import Exchanged, LoaderSettings, Pooled
     from odb.batching import default_policy
     from odb.core.sim import simulate
     from odb.runtime.engine import header_layout
@@ -263,8 +264,9 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
 
     name = exchange_key(slack) if exchange else POOLED
     t1 = time.perf_counter()
-    sim = simulate([[] for _ in range(world)], pt.cost, window=window, mode="pad", deal=pt.sizes, pool_size=HOST,
-                   **({"exchange": True, "exchange_slack": slack} if exchange else {}))
+    placement = Exchanged(pool=HOST, slack=slack / 10_000) if exchange else Pooled(HOST)
+    sim = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window,
+                                                              placement=placement), deal=pt.sizes)
     rows, rounds = sim.batches, sim.rounds
     _exactly_once(rows, len(pt.sizes), f"{name} N={world} W={window}")
     plan = _plan(rows, pt.sizes, world, filler)

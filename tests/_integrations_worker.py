@@ -83,6 +83,7 @@ def all_indices_gather(local: list[int]) -> list[int]:
 def run_hf(out_dir: str, exchange: bool = False) -> dict:
     from transformers import TrainerCallback, TrainingArguments
 
+    import odb
     from odb.integrations.hf import ODBTrainer
     from odb.runtime import pad_collate
 
@@ -126,7 +127,7 @@ def run_hf(out_dir: str, exchange: bool = False) -> dict:
         ref = [None]
         t = Recording(model=tiny_llama(0), args=args, train_dataset=TinyDataset(N), data_collator=pad_collate,
                       odb_loader_kwargs={"token_budget": BUDGET, "buffer_size": 6, "timeout_s": 60,
-                                         **({"sharding": "dealt", "exchange": True} if exchange else {})},
+                                         **({"sharding": "dealt", "placement": odb.Exchanged()} if exchange else {})},
                       callbacks=[Rec(ref, key)])
         ref[0] = t
         t._rec_pending, t._rec_window, t._rec_samples = [], [], 0

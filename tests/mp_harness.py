@@ -191,8 +191,9 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     kw = dict(buffer_size=spec.get("W", 8), mode=spec.get("mode", "pad"), trace_dir=spec.get("trace_dir"),
               num_workers=spec.get("workers", 0), oversize=spec.get("oversize", "alone"),
               timeout_s=spec.get("timeout_s", 20), seed=spec.get("seed", 0),
-              multiprocessing_context=spec.get("mp_context"), sharding=spec.get("sharding", "auto"),
-              exchange=spec.get("exchange", False), pool_size=spec.get("pool", 1))
+              dataloader={"multiprocessing_context": spec.get("mp_context")}, sharding=spec.get("sharding", "auto"),
+              placement=odb.Exchanged(pool=spec.get("pool", 1)) if spec.get("exchange") else
+              odb.Pooled(spec["pool"]) if spec.get("pool", 1) > 1 else None)
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
         ds = Stream(lengths, shards[rank])

@@ -39,9 +39,9 @@ def test_the_map_lists_every_placement_and_every_callback_the_core_hands_the_int
 
     from odb.core import placement
 
-    for cls in ("Own", "Pooled", "Exchanged"):
+    for cls in ("OwnStage", "PoolStage", "ExchangeStage"):
         assert f"odb.core.placement.{cls}" in MAP
-    assert set(placement.__all__) >= {"Own", "Pooled", "Exchanged"}
+    assert set(placement.__all__) >= {"OwnStage", "PoolStage", "ExchangeStage"}
     # the callbacks RankCore hands machine.step: read from the source, so a new one must be mapped
     tree = ast.parse((ROOT / "odb" / "core" / "rank.py").read_text())
     handed = set()

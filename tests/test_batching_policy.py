@@ -18,6 +18,7 @@ from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, _EDGES, _fill_bu
 from odb.core.shared import describe_policy
 from odb.errors import ConfigError, ProtocolError
 from odb.core.sim import simulate
+from simkit import sim_settings
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]
 
@@ -199,7 +200,7 @@ def test_over_budget_samples_of_half_the_ranks_are_emitted_in_the_same_slot():
     assert all(len(g) == 2 for gs in groups for g in gs[1:])  # no over-budget sample in another slot
     # through the table: the samples leave in the same step, and every sample leaves once
     tail = [(500,)] * 8  # more data behind the window: the round is not the epoch end
-    sim = simulate([w + tail for w in ws], cost, window=8)
+    sim = simulate([w + tail for w in ws], sim_settings(cost, 8))
     assert _step_of(sim, 0, 0) == _step_of(sim, 1, 7) == _step_of(sim, 2, 7) == 0
     for r, w in enumerate(ws):
         assert sorted(i for b in sim.batches[r] if b for i in b) == list(range(len(w) + len(tail)))
@@ -228,7 +229,7 @@ def test_extra_batches_split_the_costliest_group_not_the_one_with_most_samples()
 def test_the_epochs_last_round_flushes_every_window_in_one_round_without_fillers():
     cost = _cost("padded", 1000)
     # both shards fit a window, so both ranks post exhausted: 6 lone long samples against one group of 6
-    sim = simulate([[(600,)] * 6, [(100,)] * 6], cost, window=8)
+    sim = simulate([[(600,)] * 6, [(100,)] * 6], sim_settings(cost, 8))
     assert sim.targets[0] == 6 and sim.rounds == 2  # one round of batches, then the round that stops
     assert all(b is not None for row in sim.batches for b in row)  # rank 1 splits its group: no filler
     assert [sorted(i for b in row for i in b) for row in sim.batches] == [list(range(6))] * 2
@@ -245,7 +246,7 @@ def test_an_over_budget_sample_below_the_quorum_is_carried_while_data_flows_and_
     t = pols[0].propose(summaries, 8)
     assert t <= 2 and all(b >= OVER for b in pols[0].profile(summaries, t))  # the need leaves it out
     assert all(0 not in g for g in pols[0].partition(ws[0], t, t, cost, summaries=summaries))
-    sim = simulate([w + [(500,)] * 8 for w in ws], cost, window=8)
+    sim = simulate([w + [(500,)] * 8 for w in ws], sim_settings(cost, 8))
     assert _step_of(sim, 0, 0) > 0  # carried, then flushed: nothing is lost
     assert sorted(i for b in sim.batches[0] if b for i in b) == list(range(16))
 

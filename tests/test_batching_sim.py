@@ -13,6 +13,7 @@ from odb.batching import default_policy, make_cost_model
 from paper_repro.bench import metrics
 from paper_repro.distributions import sample_lengths
 from odb.core.sim import simulate
+from simkit import sim_settings
 
 
 def _emitted(sim):
@@ -26,7 +27,7 @@ def _emitted(sim):
 def test_every_sample_is_emitted_exactly_once_within_budget(mode, shards, window, kind):
     sizes = [[(x,) for x in sh] for sh in shards]
     cost = make_cost_model(kind, 2048)
-    sim = simulate(sizes, cost, window=window, mode=mode)
+    sim = simulate(sizes, sim_settings(cost, window, mode=mode))
     assert _emitted(sim) == [list(range(len(sh))) for sh in sizes]
     if mode == "pad":
         assert len({len(row) for row in sim.batches}) == 1
@@ -37,7 +38,7 @@ def test_every_sample_is_emitted_exactly_once_within_budget(mode, shards, window
 
 def test_quota_mode_stops_all_ranks_together_and_reports_the_rest():
     sizes = [[(100,)] * 30, [(100,)] * 5]
-    sim = simulate(sizes, make_cost_model("packed", 400), window=8, mode="quota")
+    sim = simulate(sizes, sim_settings(make_cost_model("packed", 400), 8, mode="quota"))
     assert len({len(row) for row in sim.batches}) == 1
     for r in range(2):
         got = sorted(i for b in sim.batches[r] if b for i in b)
@@ -53,7 +54,7 @@ def test_odb_beats_the_release_algorithm_on_its_long_tail_mix():
     cost = make_cost_model("padded", 8192)
     out = {}
     for name, pol in [("odb", default_policy), ("release", ReleasePolicy)]:
-        sim = simulate(shards, cost, window=256, policy=pol)
+        sim = simulate(shards, sim_settings(cost, 256, policy=pol))
         rows = [[None if b is None else [r * per + i for i in b] for b in row] for r, row in enumerate(sim.batches)]
         out[name] = metrics(rows, flat, cost)
         if name == "odb":  # the steps before the epoch's last round (it splits windows down, rule 5 of the policy)
@@ -111,13 +112,11 @@ def test_every_rank_receives_the_same_gathered_summaries_in_partition():
 
     pols = []
 
-    class Recording(BalancedPolicy):
-        def __init__(self):
-            super().__init__()
-            self.posted, self.got = [], []
-            pols.append(self)
-
+    class Recording(BalancedPolicy):  # each simulated rank runs its own copy: each registers at its first call
         def summarize(self, window, cost, exhausted):
+            if not any(p is self for p in pols):
+                self.posted, self.got = [], []
+                pols.append(self)
             self.posted.append(super().summarize(window, cost, exhausted))
             return self.posted[-1]
 
@@ -126,7 +125,7 @@ def test_every_rank_receives_the_same_gathered_summaries_in_partition():
             return super().partition(window, target, real, cost, summaries=summaries)
 
     sizes = [sample_lengths("mmmix", 300, seed=r) for r in range(3)]
-    simulate(sizes, make_cost_model("padded", 4096), window=32, policy=Recording)
+    simulate(sizes, sim_settings(make_cost_model("padded", 4096), 32, policy=Recording))
     assert len(pols) == 3 and all(p.got for p in pols)
     for p in pols:  # exactly this round's posted summaries of every rank, in rank order
         for rnd, got in p.got:
@@ -148,14 +147,14 @@ def test_a_policy_that_sorts_the_window_it_is_handed_changes_no_batch():
 
     sizes = [sample_lengths("mmmix", 200, seed=r) for r in range(3)]
     cost = make_cost_model("padded", 4096)
-    plain = simulate(sizes, cost, window=24)
-    sorting = simulate(sizes, cost, window=24, policy=Sorting)
+    plain = simulate(sizes, sim_settings(cost, 24))
+    sorting = simulate(sizes, sim_settings(cost, 24, policy=Sorting))
     assert plain.rounds > 3 and sorting.batches == plain.batches
 
 
 def _dealt_schedule(order, n, window, kind="packed", budget=2048, **kw):
     cost = make_cost_model(kind, budget)
-    return simulate([[] for _ in range(n)], cost, window=window, deal=order, **kw), cost
+    return simulate([[] for _ in range(n)], sim_settings(cost, window), deal=order, **kw), cost
 
 
 @pytest.mark.parametrize("n, window, total", [(1, 8, 50), (1, 4, 3), (3, 4, 200), (4, 16, 10), (5, 2, 0)])
@@ -204,7 +203,7 @@ def test_dealing_lifts_the_straggler_ceiling_of_imbalanced_shards():
     shards = [[(rng.randint(2000, 4000),) for _ in range(per)]] + \
         [[(rng.randint(200, 1300),) for _ in range(per)] for _ in range(n - 1)]
     cost = make_cost_model("packed", 8192)
-    fixed = simulate(shards, cost, window=16)
+    fixed = simulate(shards, sim_settings(cost, 16))
     rows = [[None if b is None else [r * per + i for i in b] for b in row] for r, row in enumerate(fixed.batches)]
     order = [s for sh in shards for s in sh]
     m_fixed = metrics(rows, order, cost)
@@ -221,7 +220,8 @@ def test_replicas_sharing_each_deal_emit_what_replicas_dealing_alone_emit(drops)
     # the same batches, rounds, reserve takes and counters as every replica running its own dealer
     order = [None if drops and k % 5 == 0 else s for k, s in enumerate(sample_lengths("sharegpt4o", 600, seed=4))]
     cost = make_cost_model("padded", 8192)
-    runs = [simulate([[] for _ in range(5)], cost, window=16, deal=order, share_deals=share) for share in (True, False)]
+    runs = [simulate([[] for _ in range(5)], sim_settings(cost, 16),
+                     deal=order, share_deals=share) for share in (True, False)]
     assert runs[0].batches == runs[1].batches and runs[0].rounds == runs[1].rounds
     assert runs[0].reserve_taken == runs[1].reserve_taken and runs[0].targets == runs[1].targets
     assert runs[0].unemitted == runs[1].unemitted and sum(map(len, runs[0].batches)) > 0

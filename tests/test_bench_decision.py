@@ -7,6 +7,7 @@ from odb.core.header import Post, reduce_posts
 from odb.core.sim import replay_rank, simulate
 from odb.errors import ProtocolError
 from paper_repro.distributions import sample_lengths
+from simkit import sim_settings
 
 
 def _record(world=4, window=16, per_rank=48, stop=None):
@@ -19,7 +20,7 @@ def _record(world=4, window=16, per_rank=48, stop=None):
         posts.append(list(p))
         return stop is not None and len(posts) >= stop
 
-    res = simulate([[] for _ in range(world)], cost, window=window, deal=sizes, on_round=keep)
+    res = simulate([[] for _ in range(world)], sim_settings(cost, window), deal=sizes, on_round=keep)
     return sizes, cost, posts, res
 
 
@@ -31,7 +32,7 @@ def test_every_rank_replayed_alone_posts_the_header_it_posted_in_the_simulation(
     sizes, cost, posts, res = _record()
     assert res.rounds == len(posts) >= 3
     for r in range(4):
-        got = replay_rank(r, _rounds(posts, r), [[] for _ in range(4)], cost, window=16, deal=sizes)
+        got = replay_rank(r, _rounds(posts, r), [[] for _ in range(4)], sim_settings(cost, 16), deal=sizes)
         assert len(got) == len(posts)
         assert all(v >= 0 for row in got for v in row.values())
         assert sum(row["policy_s"] for row in got) > 0
@@ -43,7 +44,7 @@ def test_a_replay_fed_another_runs_headers_is_refused():
     mine, g = bad[1]
     bad[1] = (Post(mine.header, [mine.counts[0] + 1, *mine.counts[1:]]), g)  # another round-1 post than rank 2's
     with pytest.raises(ProtocolError, match="round 1's post differs"):
-        replay_rank(2, bad, [[] for _ in range(4)], cost, window=16, deal=sizes)
+        replay_rank(2, bad, [[] for _ in range(4)], sim_settings(cost, 16), deal=sizes)
 
 
 def test_on_round_ends_the_simulation_where_it_says():
@@ -100,10 +101,10 @@ def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_
     sizes = sample_lengths("sharegpt4o", world * 48, 3)
     cost = make_cost_model("padded", 4096)
     exact, pooled = [], []
-    simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G, replicas=True,
-             on_round=lambda k, p: exact.append(list(p)))
-    simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G,
-             on_round=lambda k, p: pooled.append(list(p)))
+    simulate([[] for _ in range(world)], sim_settings(cost, window, pool=G),
+             deal=sizes, replicas=True, on_round=lambda k, p: exact.append(list(p)))
+    simulate([[] for _ in range(world)], sim_settings(cost, window, pool=G),
+             deal=sizes, on_round=lambda k, p: pooled.append(list(p)))
     assert len(exact) == len(pooled) >= 3
     for ex, po in zip(exact, pooled):
         g, h = reduce_posts(ex), reduce_posts(po)
@@ -113,17 +114,17 @@ def test_a_pooled_lane_replayed_alone_posts_its_header_and_counts_and_the_pools_
     assert any(a < b for ex, po in zip(exact, pooled)
                for a, b in zip(reduce_posts(ex).tokens_max, reduce_posts(po).tokens_max))  # the bound is not exact
     for r in range(world):
-        got = replay_rank(r, _rounds(exact, r), [[] for _ in range(world)], cost, window=window, deal=sizes,
-                          pool_size=G)
+        got = replay_rank(r, _rounds(exact, r), [[] for _ in range(world)], sim_settings(cost, window, pool=G),
+                          deal=sizes)
         assert len(got) == len(exact)
         as_recorded = [as_rank_sees(po[r // G], reduce_posts(po), G) for po in pooled]  # as bench_decision feeds it
         assert all(g.rows.tolist() == [list(po[q // G].header) for q in range(world)] and mine.counts is None
                    for (mine, g), po in zip(as_recorded, pooled))
-        assert len(replay_rank(r, as_recorded, [[] for _ in range(world)], cost, window=window, deal=sizes,
-                               pool_size=G)) == len(pooled)
+        assert len(replay_rank(r, as_recorded, [[] for _ in range(world)], sim_settings(cost, window, pool=G),
+                               deal=sizes)) == len(pooled)
     wrong = _rounds(exact, 1)  # lane 1 fed as lane 0: its own counts differ
     with pytest.raises(ProtocolError, match="post differs"):
-        replay_rank(0, wrong, [[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=G)
+        replay_rank(0, wrong, [[] for _ in range(world)], sim_settings(cost, window, pool=G), deal=sizes)
 
 
 @pytest.mark.slow  # a subprocess replays (imports odb; ~5 s)
@@ -144,10 +145,12 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
     sizes = sample_lengths("sharegpt4o", world * 64, 3)
     cost = make_cost_model("padded", 4096)
     posts, moved = [], []
-    res = simulate([[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=pool, exchange=True,
-                   exchange_slack=slack, on_round=lambda k, p: posts.append(list(p)),
-                   on_moved=lambda k, m: moved.append({c: {o: (b.positions, b.indices, b.sizes, b.counts)
-                                                          for o, b in got.items()} for c, got in m.items()}))
+    settings = sim_settings(cost, window, pool=pool, exchange=True, slack_bp=slack)
+
+    def on_moved(k, m):
+        moved.append({c: {o: (b.positions, b.indices, b.sizes, b.counts) for o, b in got.items()} for c, got in m.items()})
+    res = simulate([[] for _ in range(world)], settings, deal=sizes, on_round=lambda k, p: posts.append(list(p)),
+                   on_moved=on_moved)
     assert res.moved > 0 and len(moved) == res.rounds == len(posts)
     for r in range(world):
         mine = r // pool
@@ -156,8 +159,8 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
             from paper_repro.bench_decision import as_rank_sees
 
             rounds = [as_rank_sees(p[mine], reduce_posts(p), pool) for p in posts]
-        got = replay_rank(r, rounds, [[] for _ in range(world)], cost, window=window, deal=sizes, pool_size=pool,
-                          exchange=True, exchange_slack=slack, received=[m.get(mine, {}) for m in moved])
+        got = replay_rank(r, rounds, [[] for _ in range(world)], settings, deal=sizes,
+                          received=[m.get(mine, {}) for m in moved])
         assert len(got) == len(posts) and sum(row["receive_s"] > 0 for row in got) >= 1
         # every round but the last (the flush round plans nothing) plans the previous one, inside its collect
         assert all(0 < row["plan_s"] < row["collect_s"] for row in got[1:-1]) and got[-1]["plan_s"] == 0
@@ -166,8 +169,8 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
     lacking[taken].popitem()
     with pytest.raises(ProtocolError, match="the recording lacks"):
         replay_rank(0, [(p[0], reduce_posts(p)) for p in posts] if pool == 1 else
-                    [as_rank_sees(p[0], reduce_posts(p), pool) for p in posts], [[] for _ in range(world)], cost,
-                    window=window, deal=sizes, pool_size=pool, exchange=True, exchange_slack=slack, received=lacking)
+                    [as_rank_sees(p[0], reduce_posts(p), pool) for p in posts], [[] for _ in range(world)], settings,
+                    deal=sizes, received=lacking)
 
 
 @pytest.mark.slow  # subprocesses replay (imports odb; ~10 s)

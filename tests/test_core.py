@@ -221,16 +221,17 @@ def test_replicas_fed_the_same_rows_decide_and_deal_alike_whatever_their_rank():
 
 
 def test_every_loader_setting_is_compared_or_says_why_it_may_differ_per_rank():
-    from odb.runtime.settings import COMPARED, RANK_LOCAL, LoaderSettings
+    from odb.settings import COMPARED, RANK_LOCAL, LoaderSettings
 
     names = {f.name for f in dataclasses.fields(LoaderSettings)}
     assert names == set(COMPARED) | set(RANK_LOCAL) and not set(COMPARED) & set(RANK_LOCAL)
-    assert set(COMPARED.values()) <= {f.name for f in dataclasses.fields(Shared)}
+    compared_as = {f for v in COMPARED.values() for f in ((v,) if isinstance(v, str) else v)}
+    assert compared_as <= {f.name for f in dataclasses.fields(Shared)}
     assert all(len(why) > 10 for why in RANK_LOCAL.values())
 
 
 def test_loader_settings_validate_and_unknown_names_list_the_valid_ones():
-    from odb.runtime.settings import LoaderSettings
+    from odb.settings import LoaderSettings
 
     s = LoaderSettings(token_budget=64, buffer_size=8)
     assert s.buffer_size == 8 and dataclasses.replace(s, mode="join").mode == "join"
@@ -321,6 +322,7 @@ def test_no_round_imports_a_module_after_the_first():
         from odb.batching import deal
         from odb.batching.cost import make_cost_model
         from odb.core.sim import simulate
+        from odb.settings import LoaderSettings
 
         calls, seen, late = [0], {}, set()
         level_order = deal.level_order
@@ -334,7 +336,8 @@ def test_no_round_imports_a_module_after_the_first():
             elif k > 1:
                 late.update(set(sys.modules) - seen["mods"])
         lens = [(64 + (i * 7919) % 1900,) for i in range(64 * 768)]  # the end game in round 5
-        r = simulate([[] for _ in range(64)], make_cost_model("padded", 8192), window=128, deal=lens, on_round=on_round)
+        settings = LoaderSettings(token_budget=None, cost=make_cost_model("padded", 8192), buffer_size=128)
+        r = simulate([[] for _ in range(64)], settings, deal=lens, on_round=on_round)
         late.update(set(sys.modules) - seen["mods"])  # the last rounds' collects ran after the last on_round
         print(calls[0], r.rounds, sorted(late))
     """)

@@ -50,7 +50,7 @@ def test_a_loader_built_before_init_process_group_under_a_launcher_is_refused(mo
 
 
 def _one_rank_rejects(rank, world_size):
-    kw = {"exchange": True, "mode": "join"} if rank == 1 else {}  # the default timeout_s: 1800 s
+    kw = {"placement": odb.Exchanged(), "mode": "join"} if rank == 1 else {}  # the default timeout_s: 1800 s
     t0 = time.monotonic()
     try:
         odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, **kw)
@@ -66,8 +66,8 @@ def test_a_setting_one_rank_rejects_reaches_every_rank_as_a_config_error_at_once
     assert [r.status for r in res] == ["ok", "ok"], res
     (t0, msg0), (t1, msg1) = res[0].value, res[1].value
     assert max(t0, t1) < 20
-    assert "rank(s) [1] could not build" in msg0 and "exchange=True needs mode 'pad' or 'quota'" in msg0
-    assert "exchange=True needs mode 'pad' or 'quota'" in msg1
+    assert "rank(s) [1] could not build" in msg0 and "odb.Exchanged(...) needs mode 'pad' or 'quota'" in msg0
+    assert "odb.Exchanged(...) needs mode 'pad' or 'quota'" in msg1
 
 
 # -- iteration ------------------------------------------------------------------------------------------------

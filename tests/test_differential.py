@@ -13,6 +13,7 @@ from odb.core.sim import simulate
 from odb.runtime.source import shard_order
 
 from mp_harness import Samples, id_collate, make_lengths, run_ranks
+from simkit import sim_settings
 
 BUDGET = 160
 LENGTHS = make_lengths(150, seed=31, lo=2, hi=60)
@@ -47,11 +48,11 @@ def _simulated(world_size, spec):
     cost = make_cost_model("padded", BUDGET)
     if spec["sharding"] == "dealt":
         order = shard_order(len(LENGTHS), 0, 1, True, 5, 0)
-        sim = simulate([[] for _ in range(world_size)], cost, window=spec["W"], mode=spec["mode"],
+        sim = simulate([[] for _ in range(world_size)], sim_settings(cost, spec["W"], mode=spec["mode"]),
                        deal=[_measure(i) for i in order])
         return [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     orders = [shard_order(len(LENGTHS), r, world_size, True, 5, 0) for r in range(world_size)]
-    sim = simulate([[_measure(i) for i in o] for o in orders], cost, window=spec["W"], mode=spec["mode"])
+    sim = simulate([[_measure(i) for i in o] for o in orders], sim_settings(cost, spec["W"], mode=spec["mode"]))
     return [[None if b is None else [orders[r][p] for p in b] for b in row] for r, row in enumerate(sim.batches)]
 
 
@@ -106,7 +107,7 @@ def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simula
     monkeypatch.setattr(deal, "fill_order", spy)
     monkeypatch.setattr(deal, "level_order", spy_levels)
     order = shard_order(len(BIG), 0, 1, True, 5, 0)
-    sim = simulate([[] for _ in range(2)], make_cost_model("padded", BUDGET), window=2048, mode="pad",
+    sim = simulate([[] for _ in range(2)], sim_settings(make_cost_model("padded", BUDGET), 2048, mode="pad"),
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     assert max(sorted_picks) >= deal._FAST_LEFT and max(levels) >= deal._FAST_LEFT

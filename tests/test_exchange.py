@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from simkit import sim_settings
 
 from odb.batching.exchange import (KEY_SHIFT, MAX_BLOCK, NO_FILL, check_plan, exchange_plan, moved, pack_key,
                                    plan_origins, runs_on, unpack_key)
@@ -287,19 +288,20 @@ def test_the_rank_core_exchanges_every_round_as_the_plan_says(world, window, poo
     from odb.core.sim import simulate
 
     sizes, cost = _point(world, 6 * window, kind)
-    run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
-    plain = simulate([[] for _ in range(world)], cost, **run)
-    ex = simulate([[] for _ in range(world)], cost, exchange=True, exchange_slack=slack, **run)
+    shards = [[] for _ in range(world)]
+    plain = simulate(shards, sim_settings(cost, window, mode, pool=pool), deal=sizes)
+    exchanging = sim_settings(cost, window, mode, pool=pool, exchange=True, slack_bp=slack)
+    ex = simulate(shards, exchanging, deal=sizes)
     assert ex.targets[:-1] == plain.targets  # the same batches in the same rounds, and one flush collective
     steps = [-(-t // pool) for t in plain.targets[:-1]]  # the last collective stops the pass: it forms nothing
     assert sum(steps) == len(plain.batches[0])
     assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention, slack)
     assert ex.batches != plain.batches  # batches did move
     if slack:  # budget balance changed the plan
-        assert ex.batches != simulate([[] for _ in range(world)], cost, exchange=True, **run).batches
+        assert ex.batches != simulate(shards, sim_settings(cost, window, mode, pool=pool, exchange=True),
+                                      deal=sizes).batches
     if pool > 1:  # every rank's own replica, as the runtime runs them: the same batches
-        assert simulate([[] for _ in range(world)], cost, exchange=True, exchange_slack=slack, replicas=True,
-                        **run).batches == ex.batches
+        assert simulate(shards, exchanging, deal=sizes, replicas=True).batches == ex.batches
 
 
 @pytest.mark.parametrize("pool", [1, 4])
@@ -308,8 +310,8 @@ def test_after_the_exchange_every_step_has_its_global_counts_and_every_sample_ru
 
     world, window = 8, 32
     sizes, cost = _point(world, 5 * window, seed=3)
-    ex = simulate([[] for _ in range(world)], cost, window=window, mode="pad", deal=sizes, pool_size=pool,
-                  exchange=True, infos=True, replicas=True)  # every rank's own core: its own step numbers
+    ex = simulate([[] for _ in range(world)], sim_settings(cost, window, mode="pad", pool=pool, exchange=True),
+                  deal=sizes, infos=True, replicas=True)  # every rank's own core: its own step numbers
     got = sorted(i for row in ex.batches for b in row if b for i in b)
     assert got == list(range(len(sizes)))
     steps = len(ex.batches[0])
@@ -337,24 +339,23 @@ def test_the_exchange_is_refused_where_ranks_run_different_steps_or_own_fixed_sh
 
     sizes, cost = _point(2, 16)
     with pytest.raises(ConfigError, match="round exchange"):
-        simulate([[] for _ in range(2)], cost, window=8, mode="join", deal=sizes, exchange=True)
+        simulate([[] for _ in range(2)], sim_settings(cost, 8, mode="join", exchange=True), deal=sizes)
     with pytest.raises(ConfigError, match="round exchange"):
-        simulate([sizes[:16], sizes[16:]], cost, window=8, mode="pad", exchange=True)
+        simulate([sizes[:16], sizes[16:]], sim_settings(cost, 8, mode="pad", exchange=True))
 
 
 def test_an_exchanging_core_refuses_a_table_without_the_flush_round():
     import dataclasses
 
-    from odb.batching import default_policy
     from odb.core.sim import _Setting
     from odb.errors import ConfigError
 
     sizes, cost = _point(2, 16)
-    setting = _Setting(2, cost, 8, "pad", default_policy, sizes, None, "label_tokens", exchange=True)
-    setting.core(0, [], "alone")  # cfg xchg = 1: accepted
+    setting = _Setting(2, sim_settings(cost, 8, exchange=True), sizes, None)
+    setting.core(0, [])  # cfg xchg = 1: accepted
     setting.shared = dataclasses.replace(setting.shared, exchange=False)  # the layout exchanges, the table does not
     with pytest.raises(ConfigError, match="flush round"):
-        setting.core(1, [], "alone")
+        setting.core(1, [])
 
 
 def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_make():
@@ -362,12 +363,10 @@ def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_m
     from odb.core.sim import _Setting
     from odb.errors import ProtocolError
 
-    from odb.batching import default_policy
-
     world = 4
     sizes, cost = _point(world, 64, seed=5)
-    setting = _Setting(world, cost, 16, "pad", default_policy, sizes, None, "label_tokens", exchange=True)
-    cores = [setting.core(r, [], "alone")[0] for r in range(world)]
+    setting = _Setting(world, sim_settings(cost, 16, exchange=True), sizes, None)
+    cores = [setting.core(r, [])[0] for r in range(world)]
     for _ in range(20):
         posts = []
         for c in cores:
@@ -412,9 +411,10 @@ def test_any_small_run_exchanges_as_the_plan_says_and_keeps_exact_counts(ranks_p
     g = random.Random(seed)
     cost = make_cost_model(kind, 512)
     sizes = [(g.choice([1, 3, 17, 60, 200, 511, 700]),) for _ in range(world * window * rounds)]
-    run = dict(window=window, mode=mode, deal=sizes, pool_size=pool)
-    plain = simulate([[] for _ in range(world)], cost, **run)
-    ex = simulate([[] for _ in range(world)], cost, exchange=True, infos=True, replicas=pool > 1, **run)
+    shards = [[] for _ in range(world)]
+    plain = simulate(shards, sim_settings(cost, window, mode, pool=pool), deal=sizes)
+    ex = simulate(shards, sim_settings(cost, window, mode, pool=pool, exchange=True), deal=sizes, infos=True,
+                  replicas=pool > 1)
     steps = [-(-t // pool) for t in plain.targets[:-1]]
     assert ex.batches == _expected(plain.batches, sizes, cost, steps, default_policy(pool).attention)
     if mode == "pad":
@@ -435,7 +435,7 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
 
     from odb.core.header import HeaderLayout
     from odb.core.info import LoaderStats
-    from odb.core.placement import Exchanged
+    from odb.core.placement import ExchangeStage
     from odb.core.types import Batch
 
     fills = np.array([[9, 1, 8, 1], [5, 5, 4, 4]])  # pool batch order: lane k mod 2, step k div 2
@@ -443,7 +443,7 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
     layout = HeaderLayout(1, 4, 1, lanes=2, exchange=True)
     placed = {}
     for rank in (0, 1):  # pool 0's two replicas, each holding the pool's 4 batches
-        stage = Exchanged(layout, rank, rank, filler=None, cost=None, attention=0.0, stats=LoaderStats(),
+        stage = ExchangeStage(layout, rank, rank, filler=None, cost=None, attention=0.0, stats=LoaderStats(),
                           cfg={"xchg": 1}, mode=0, dealt=True)
         stage._held, stage._round_target = [Batch([k], (k,), (k,), (1,), (1, 1, 1)) for k in range(4)], 4
         send, expect = stage._plan(SimpleNamespace(fills=fills))

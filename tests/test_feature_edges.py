@@ -122,7 +122,8 @@ def _receive_fails(rank, world_size):
     import time
 
     data = _Bombs(make_lengths(240, seed=7, lo=2, hi=150), armed=rank == 0)
-    loader = odb.ODBDataLoader(data, 160, lambda ss: {"n": len(ss)}, buffer_size=8, exchange=True, timeout_s=600)
+    loader = odb.ODBDataLoader(data, 160, lambda ss: {"n": len(ss)}, buffer_size=8, placement=odb.Exchanged(),
+                               timeout_s=600)
     out = {}
     for epoch in range(2):
         loader.set_epoch(epoch)

@@ -44,7 +44,7 @@ def _train(kind: str, k: int, exchange: bool = False) -> dict:
     from _tiny import TinyDataset, tiny_llama
     from mp_harness import ListSampler
 
-    from odb import ODBDataLoader
+    from odb import Exchanged, ODBDataLoader
     from odb.integrations import TrainStream, grad_sync, weighted_loss
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -64,7 +64,7 @@ def _train(kind: str, k: int, exchange: bool = False) -> dict:
         model = FSDP(net, device_id=torch.device("cpu"), use_orig_params=True)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ds = TinyDataset(N)
-    shards = {"sharding": "dealt", "exchange": True} if exchange else {"sampler": ListSampler(SHARDS[rank])}
+    shards = {"sharding": "dealt", "placement": Exchanged()} if exchange else {"sampler": ListSampler(SHARDS[rank])}
     loader = ODBDataLoader(ds, token_budget=BUDGET, buffer_size=6, timeout_s=60, **shards)
     stream = TrainStream(loader, k)
     ref = tiny_llama(0) if rank == 0 else None

@@ -11,6 +11,7 @@ from odb.batching import make_cost_model
 from odb.core.sim import simulate
 
 from mp_harness import Samples, id_collate, make_lengths
+from simkit import sim_settings
 
 LENGTHS = make_lengths(60, seed=5, lo=2)
 
@@ -66,7 +67,7 @@ def test_token_balance_is_the_gathered_straggler_estimate(mode):
     rng = random.Random(7)
     shards = [[(rng.randint(1, 90),) for _ in range(rng.randint(20, 70))] for _ in range(3)]
     cost = make_cost_model("padded", 256)
-    res = simulate(shards, cost, window=16, mode=mode)
+    res = simulate(shards, sim_settings(cost, 16, mode=mode))
 
     def balance(steps):  # over the steps a rank took part in (JOIN: a rank's own steps end first)
         mean = mx = 0

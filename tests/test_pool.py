@@ -21,6 +21,7 @@ from odb.errors import ConfigError, ProtocolError
 from odb.runtime.source import shard_order
 
 from mp_harness import Samples, id_collate, make_lengths, run_ranks
+from simkit import sim_settings
 
 BUDGET = 160
 LENGTHS = make_lengths(300, seed=47, lo=2, hi=90)
@@ -171,8 +172,8 @@ def _order():
 def _pooled(world, lanes, W, replicas=False, deal=None, on_round=None):
     cost = make_cost_model("padded", BUDGET)
     order = _order()
-    return simulate([[] for _ in range(world)], cost, window=W, mode="pad", pool_size=lanes, replicas=replicas,
-                    deal=deal or [_measure(i) for i in order], on_round=on_round), order
+    return simulate([[] for _ in range(world)], sim_settings(cost, W, mode="pad", pool=lanes),
+                    replicas=replicas, deal=deal or [_measure(i) for i in order], on_round=on_round), order
 
 
 @pytest.mark.parametrize("world, lanes, W", [(2, 2, 8), (4, 2, 6), (4, 4, 5), (6, 3, 16), (8, 2, 4), (8, 8, 3)])
@@ -217,7 +218,7 @@ def test_pooling_shortens_the_epoch_where_ranks_are_many():
     pt = point("sharegpt4o", 32, 8192, "padded", 512)
     figs = {}
     for lanes in (1, 8):
-        sim = simulate([[] for _ in range(32)], pt.cost, window=64, mode="pad", deal=pt.sizes, pool_size=lanes)
+        sim = simulate([[] for _ in range(32)], sim_settings(pt.cost, 64, mode="pad", pool=lanes), deal=pt.sizes)
         figs[lanes] = metrics(sim.batches, pt.sizes, pt.cost)
     assert figs[8]["step_time"] < 0.98 * figs[1]["step_time"], figs
     assert figs[8]["steps"] <= figs[1]["steps"], figs
@@ -226,9 +227,9 @@ def test_pooling_shortens_the_epoch_where_ranks_are_many():
 def test_the_simulation_refuses_pools_it_cannot_run():
     cost = make_cost_model("padded", BUDGET)
     with pytest.raises(ConfigError, match="does not divide"):
-        simulate([[] for _ in range(4)], cost, window=4, deal=[(3,)] * 10, pool_size=3)
+        simulate([[] for _ in range(4)], sim_settings(cost, 4, pool=3), deal=[(3,)] * 10)
     with pytest.raises(ConfigError, match="dealt sharding"):
-        simulate([[(3,)]] * 4, cost, window=4, pool_size=2)
+        simulate([[(3,)]] * 4, sim_settings(cost, 4, pool=2))
 
 
 # -- the runtime -------------------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ def _loader_run(rank, world_size, spec):
     if spec.get("diverge_on") == rank:  # this rank measures its samples otherwise than its pool's other lane
         ds.lengths = [n + (i % 7 == 0) for i, n in enumerate(LENGTHS)]
     loader = odb.ODBDataLoader(ds, BUDGET, id_collate, buffer_size=spec["W"], mode=spec.get("mode", "pad"),
-                               pool_size=spec["lanes"], seed=5, timeout_s=30, trace_dir=spec.get("trace_dir"),
+                               placement=odb.Pooled(spec["lanes"]), seed=5, timeout_s=30, trace_dir=spec.get("trace_dir"),
                                num_workers=spec.get("workers", {}).get(rank, 0))
     assert type(loader.policy) is type(default_policy()) and loader.policy.lanes == spec["lanes"]
     out = []
@@ -283,7 +284,7 @@ def test_the_pooled_loader_emits_the_simulations_batches_with_global_counts(tmp_
 def _resume_run(rank, world_size, spec):
     import odb
 
-    kw = dict(buffer_size=spec["W"], pool_size=spec["lanes"], seed=5, timeout_s=30)
+    kw = dict(buffer_size=spec["W"], placement=odb.Pooled(spec["lanes"]), seed=5, timeout_s=30)
     first = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), BUDGET, id_collate, **kw)
     a = []
     for k, batch in enumerate(first):
@@ -363,8 +364,8 @@ def test_ranks_that_ask_for_other_pools_are_refused_by_the_construction_check(tm
     def run(rank, world_size):
         import odb
 
-        odb.ODBDataLoader(Samples(LENGTHS), BUDGET, id_collate, buffer_size=8, pool_size=1 + (rank == 1),
+        odb.ODBDataLoader(Samples(LENGTHS), BUDGET, id_collate, buffer_size=8, placement=odb.Pooled(1 + (rank == 1)),
                           timeout_s=30)
     res = run_ranks(run, 2, tmp_path, timeout_s=120)
-    assert all(r.status == "error" and r.error_type == "ConfigError" and "pool_size" in r.error for r in res), \
+    assert all(r.status == "error" and r.error_type == "ConfigError" and "placement" in r.error for r in res), \
         _failures(res)

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from paper_repro import cluster_sim as cs
+from simkit import sim_settings
 
 EXACT = cs.StepModel(flop_per_token=10.0, flop_per_l2=1.0, peak=100.0, mfu=0.5, knee_tokens=0.0, c_fixed=1.0,
                      grad_bytes=1000.0, bw_intra=100.0, bw_inter=10.0, alpha_intra=0.5, alpha_inter=1.0,
@@ -226,7 +227,7 @@ def test_the_grids_pooled_odb_is_the_shipped_pool_and_its_targets_are_checked_be
     pooled = r["methods"][sg.POOLED]
     assert pooled["predicted"]["samples_per_s"] > 0 and pooled["rounds"] > 0
     pt = point("mmmix", 16, 4096, "padded", 32)  # the same figures as the shipped simulation's own batches
-    sim = simulate([[] for _ in range(16)], pt.cost, window=8, mode="pad", deal=pt.sizes, pool_size=sg.HOST)
+    sim = simulate([[] for _ in range(16)], sim_settings(pt.cost, 8, mode="pad", pool=sg.HOST), deal=pt.sizes)
     assert pooled["steps"] == len(sim.batches[0]) and pooled["rounds"] == sim.rounds
     assert sg.POOLED not in sg.run_point("mmmix", 8, 8, 4096, "padded", 32, pooled=True)["methods"]  # one host
     assert 0 <= r["methods"][sg.EXCHANGE]["moved_batches"] <= 1  # the exchange prototype runs beside it
@@ -304,7 +305,7 @@ def test_the_repro_budget_is_checked_not_only_printed():
 
 def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
     from paper_repro import scale_grid as sg
-    from odb.runtime.settings import LoaderSettings
+    from odb.settings import LoaderSettings
     wide = [p for p in sg.points(True) if p[2] != sg.GRID_FULL["window"]]
     assert {p[2] for p in wide} == {LoaderSettings(token_budget=8192).buffer_size}  # the loader's default window
     assert {(p[1], p[4]) for p in wide} == {(64, "padded"), (256, "padded")} and len(wide) == 2 * len(sg.DISTS)
@@ -335,7 +336,7 @@ def test_the_epoch_end_report_splits_the_lost_balance_that_the_metrics_see():
 
     r = epoch_end("sharegpt4o", 4, 64, 256)
     pt = point("sharegpt4o", 4, 8192, "padded", 256)
-    sim = simulate([[] for _ in range(4)], pt.cost, window=64, mode="pad", deal=pt.sizes)
+    sim = simulate([[] for _ in range(4)], sim_settings(pt.cost, 64, mode="pad"), deal=pt.sizes)
     m = metrics(sim.batches, pt.sizes, pt.cost)
     assert r["steps"] == m["steps"] and r["rounds"] == sim.rounds
     per_step = []  # max - mean rank cost, step by step, computed here apart from the metrics

@@ -1,5 +1,5 @@
-"""The round exchange in the loader (``exchange=True``): its batches moved between gloo ranks as the plan says,
-batch for batch the simulation's, every sample once, exact counts, conformant traces; and its failures: a
+"""The round exchange in the loader (``placement=odb.Exchanged()``): its batches moved between gloo ranks as the plan
+says, batch for batch the simulation's, every sample once, exact counts, conformant traces; and its failures: a
 batch that cannot be pickled stops every rank through the table, a dead or hung peer is a RankFailure within
 ``timeout_s``.  Slow tier (gloo processes)."""
 
@@ -51,9 +51,8 @@ def _run(rank, world_size, spec):
     odd = spec.get("odd_rank") == rank  # that rank's process reads samples pickle refuses
     data = _Odd(LENGTHS, range(len(LENGTHS))) if odd else Samples(LENGTHS, drop=DROPS)
     loader = odb.ODBDataLoader(data, BUDGET, _collate, buffer_size=spec["W"], mode=spec["mode"], sharding="dealt",
-                               seed=5, timeout_s=spec.get("timeout_s", 30), exchange=spec.get("exchange", True),
-                               exchange_slack=spec.get("slack", 0.0),
-                               pool_size=spec.get("pool", 1), trace_dir=spec.get("trace_dir"))
+                               seed=5, timeout_s=spec.get("timeout_s", 30), placement=_placement(spec),
+                               trace_dir=spec.get("trace_dir"))
     steps, error = [], None
     try:
         for batch in loader:
@@ -70,13 +69,23 @@ def _run(rank, world_size, spec):
     return out
 
 
+def _placement(spec):
+    import odb
+
+    pool = spec.get("pool", 1)
+    if spec.get("exchange", True):
+        return odb.Exchanged(pool=pool, slack=spec.get("slack", 0.0))
+    return odb.Pooled(pool) if pool > 1 else None
+
+
 def _simulated(world_size, spec):
+    import odb
+
     order = shard_order(len(LENGTHS), 0, 1, True, 5, 0)
     deal = [None if i in DROPS else ((LENGTHS[i],), LENGTHS[i] - 1) for i in order]
-    sim = simulate([[] for _ in range(world_size)], make_cost_model("padded", BUDGET), window=spec["W"],
-                   mode=spec["mode"], deal=deal, pool_size=spec.get("pool", 1), exchange=spec.get("exchange", True),
-                   exchange_slack=round(spec.get("slack", 0.0) * 10_000) if spec.get("exchange", True) else 0,
-                   replicas=True)
+    settings = odb.LoaderSettings(token_budget=None, cost=make_cost_model("padded", BUDGET), buffer_size=spec["W"],
+                                  mode=spec["mode"], placement=_placement(spec))
+    sim = simulate([[] for _ in range(world_size)], settings, deal=deal, replicas=True)
     return [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
 
 
@@ -213,7 +222,7 @@ def _engine_transfer_fails(rank, world_size):
 
     data = Samples(LENGTHS, drop=DROPS)
     loader = odb.ODBDataLoader(data, BUDGET, _collate, buffer_size=8, mode="pad", sharding="dealt", seed=5,
-                               timeout_s=3, exchange=True)
+                               timeout_s=3, placement=odb.Exchanged())
     it = iter(loader)
     if rank == 1:
         next(it)
@@ -244,16 +253,20 @@ def test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_brin
 
     data = Samples(LENGTHS)
     for kw in ({"mode": "join"}, {"sharding": "fixed"}, {"sampler": ListSampler(range(10))}):
-        with pytest.raises(ConfigError, match="exchange=True needs mode 'pad' or 'quota'"):
-            odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, **kw)
-    with pytest.raises(ConfigError, match="exchange"):
-        odb.ODBDataLoader(data, BUDGET, _collate, exchange=1)
-    with pytest.raises(ConfigError, match="without exchange=True"):
-        odb.ODBDataLoader(data, BUDGET, _collate, exchange_slack=0.01)
+        with pytest.raises(ConfigError, match=r"odb.Exchanged\(...\) needs mode 'pad' or 'quota'"):
+            odb.ODBDataLoader(data, BUDGET, _collate, placement=odb.Exchanged(), **kw)
+    for bad in (True, "exchanged", {"kind": "exchange"}, {"kind": "exchanged", "slak": 0.01}):
+        with pytest.raises(ConfigError, match="placement"):
+            odb.ODBDataLoader(data, BUDGET, _collate, placement=bad)
     for bad in (-0.01, 0.2, True, "0.01"):
-        with pytest.raises(ConfigError, match="exchange_slack"):
-            odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, exchange_slack=bad)
-    loader = odb.ODBDataLoader(data, BUDGET, _collate, exchange=True, exchange_slack=0.0125)
+        with pytest.raises(ConfigError, match="slack"):
+            odb.Exchanged(slack=bad)
+    for moved in ({"exchange": True}, {"exchange_slack": 0.01}, {"pool_size": 2}, {"prefetch_factor": 4}):
+        with pytest.raises(ConfigError, match="moved.*now (placement|dataloader)"):
+            odb.ODBDataLoader(data, BUDGET, _collate, **moved)
+    assert odb.LoaderSettings(token_budget=64, placement={"kind": "exchanged", "pool": 1, "slack": 0.0125}).placement \
+        == odb.Exchanged(slack=0.0125)  # the JSON form `odb plan --json` prints
+    loader = odb.ODBDataLoader(data, BUDGET, _collate, placement=odb.Exchanged(slack=0.0125))
     try:  # compared in the construction check, and what the core's plan reads
         assert loader.shared.exchange_slack == loader.layout.slack == 125
     finally:

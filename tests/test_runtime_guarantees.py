@@ -141,7 +141,7 @@ def test_a_rank_that_saw_no_sample_within_budget_builds_fillers_from_one_that_fi
     with odb.ODBDataLoader(images, 512, id_collate, buffer_size=4) as loader:
         with pytest.raises(odb.SampleError, match="cannot be cut.*filler_sample=.*mode='join'"):
             filler_template(loader, [0, 1])(images[0])
-    with odb.ODBDataLoader(images, 512, id_collate, buffer_size=4, exchange=True) as loader:
+    with odb.ODBDataLoader(images, 512, id_collate, buffer_size=4, placement=odb.Exchanged()) as loader:
         with pytest.raises(odb.SampleError, match=r"filler_sample=<[^>]*>$"):  # join would be refused: not named
             filler_template(loader, [0, 1])(images[0])
 

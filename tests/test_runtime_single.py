@@ -136,7 +136,7 @@ def test_empty_dataset_yields_nothing():
 def test_iterable_dataset_with_two_workers_emits_every_sample_once():
     ds = Stream(LENGTHS, range(50))
     with odb.ODBDataLoader(ds, 128, id_collate, buffer_size=8, num_workers=2,
-                           multiprocessing_context="fork") as loader:
+                           dataloader={"multiprocessing_context": "fork"}) as loader:
         got = []
         for batch in loader:
             odb.pop_step_info(batch)
@@ -146,7 +146,7 @@ def test_iterable_dataset_with_two_workers_emits_every_sample_once():
 
 def test_persistent_workers_serve_two_epochs_with_different_orders():
     with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, num_workers=1,
-                           persistent_workers=True) as loader:
+                           dataloader={"persistent_workers": True}) as loader:
         a = [i for info in ids_of(loader) for i in info.indices]
         loader.set_epoch(1)
         b = [i for info in ids_of(loader) for i in info.indices]
@@ -355,9 +355,8 @@ def test_the_direct_path_yields_what_the_inner_dataloader_yields(iterable):
     from odb.runtime.source import Source
 
     def items(pin):
-        src = Source(_FlakyStream() if iterable else _Flaky(), length_fn=None, num_workers=0, prefetch_factor=None,
-                     persistent_workers=False, multiprocessing_context=None, worker_init_fn=None, pin_memory=pin,
-                     shift_labels=True)
+        src = Source(_FlakyStream() if iterable else _Flaky(), length_fn=None, num_workers=0,
+                     dataloader={"pin_memory": pin}, shift_labels=True)
         assert (src._loader is None) == (not pin)
         keys = None if iterable else [(p, i) for p, i in enumerate(reversed(range(len(LENGTHS))))]
         with warnings.catch_warnings():

@@ -1,17 +1,18 @@
 """Placement: where each batch a rank core forms runs, and which loss counts its rank posts for it.
 
 Legend
-    N, G, P   ranks in the loader's group, ranks per pool (``pool_size``), pools (``P = N / G``);
+    N, G, P   ranks in the loader's group, ranks per pool (``Pooled(G)``), pools (``P = N / G``);
               pool p holds the ranks ``p G .. p G + G - 1`` (consecutive ranks: under torchrun, a host's)
     lane j    the j-th rank of its pool (``rank mod G``); without pooling G = 1 and every rank is lane 0
     k         a batch's index in its round as formed (decreasing fill, `odb.batching.policy` rule 5)
     lag       collectives between a batch's forming and its release: 2 (formed in round r, counts posted in
               r + 1's header) or 3 with the exchange (placed after r + 1, counts posted in r + 2's)
 
-One stage, three implementations, chosen once per pass by the header layout (`stage_for`):
+The user chooses it with one setting, ``placement=``: None (the default), `Pooled` or `Exchanged` (values,
+compared across ranks).  Each pass then holds one stage, chosen once by the header layout (`stage_for`):
 
-    `Own`        the default: batch k runs on the rank that formed it, at step k of the round.
-    `Pooled`     pooled windows (``pool_size`` G > 1): the G ranks of a pool run one window of G W samples as
+    `OwnStage`       the default: batch k runs on the rank that formed it, at step k of the round.
+    `PoolStage`      `Pooled(G)`, pooled windows (G > 1): the G ranks of a pool run one window of G W samples as
                  replicas of one core (dealt sharding deals to the P pools; each rank preprocesses every sample
                  of its pool; no sample moves between processes).  Pool batch k goes to lane ``k mod G`` as its
                  step ``k div G`` (`lane_of`); a lane one short runs a zero-weight filler, so every rank runs
@@ -19,7 +20,8 @@ One stage, three implementations, chosen once per pass by the header layout (`st
                  Only pools align through the round collective: `pool_rows` turns the N gathered headers into
                  the P rows the table reads, and a pool whose lanes posted different headers stops every rank
                  (`ProtocolError`) before any batch the diverged replicas placed is released.
-    `Exchanged`  the round exchange (`odb.batching.exchange`; with or without pools): round r's batches are
+    `ExchangeStage`  `Exchanged(pool=G, slack=s)`, the round exchange (`odb.batching.exchange`; with or without
+                 pools): round r's batches are
                  held as formed, their fills posted in round r + 1's header; its collect plans, from the
                  gathered fills only, which rank runs which batch at which step; the core's driver moves them
                  (`Out.send`, `Out.expect`, `RankCore.receive`); their counts go into round r + 2's header.
@@ -42,7 +44,8 @@ holds G W of them), ``docs/decisions/2026-12-05-exchange-design.md``.  Pure: no 
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -52,8 +55,82 @@ from ..protocol.table import JOIN
 from .header import Header, HeaderLayout, Headers
 from .types import Batch
 
-__all__ = ["Own", "Pooled", "Exchanged", "Release", "stage_for", "check_pool", "pool_rows", "pool_aheads",
+__all__ = ["Pooled", "Exchanged", "placement_of", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
+           "check_pool", "pool_rows", "pool_aheads",
            "lane_of", "lane_proposal", "lane_steps"]
+
+
+def _int_at_least_1(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{name}={v!r} is not valid: it must be an int >= 1 (ranks sharing one window, e.g. a "
+                          "host's)")
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """``placement=odb.Pooled(size)``: pooled windows.  The `size` consecutive ranks of a pool (a host's, under
+    torchrun) run one window of ``size * buffer_size`` samples and split its batches; each preprocesses every
+    sample of its pool (``size`` times the preprocessing), no sample moves between processes.  Balances as a
+    ``size`` times larger ``buffer_size`` does: raise ``buffer_size`` first.  Needs mode "pad" and dealt sharding,
+    deterministic preprocessing (checked every round), and the same ``num_workers`` and prefetch on a pool's ranks.
+    """
+
+    size: int
+
+    def __post_init__(self) -> None:
+        _int_at_least_1("Pooled size", self.size)
+
+    lanes = property(lambda self: self.size)
+    exchange = False
+    slack_bp = 0
+
+    def as_dict(self) -> dict:
+        return {"kind": "pooled", "size": self.size}
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """``placement=odb.Exchanged(pool=1, slack=0.0)``: the round exchange.  After each round's collective every
+    rank computes, from the gathered fills only, which rank runs which of the round's batches, so that one step's
+    batches are neighbours in cost on every rank, and moves them point to point (a batch's samples, once).
+    ``pool``: with pooled windows of that many ranks (`Pooled`); ``slack``: the share of a round's step time its
+    plan may spend balancing the budget cost too, 0 to 0.1.  Needs mode "pad" or "quota" and dealt sharding of a
+    map-style dataset.  ``docs/guide/scaling.md`` gives what it buys and costs."""
+
+    pool: int = 1
+    slack: float = 0.0
+
+    def __post_init__(self) -> None:
+        _int_at_least_1("Exchanged pool", self.pool)
+        sl = self.slack
+        if isinstance(sl, bool) or not isinstance(sl, (int, float)) or not 0 <= sl <= 0.1:
+            raise ConfigError(f"Exchanged slack={sl!r} is not valid: it must be a number from 0 to 0.1")
+
+    lanes = property(lambda self: self.pool)
+    exchange = True
+    slack_bp = property(lambda self: int(round(self.slack * 10_000)))  # the int every rank compares, the plan reads
+
+    def as_dict(self) -> dict:
+        return {"kind": "exchanged", "pool": self.pool, "slack": self.slack}
+
+
+def placement_of(value: Any) -> "Pooled | Exchanged | None":
+    """The ``placement=`` setting as a value: None, a `Pooled` or an `Exchanged`, or the mapping their ``as_dict``
+    gives (the JSON form, what ``odb plan --json`` prints).  ConfigError for anything else."""
+    if value is None or isinstance(value, (Pooled, Exchanged)):
+        return value
+    if isinstance(value, Mapping):
+        kw = dict(value)
+        kind = kw.pop("kind", None)
+        try:
+            if kind == "pooled":
+                return Pooled(**kw)
+            if kind == "exchanged":
+                return Exchanged(**kw)
+        except TypeError as e:
+            raise ConfigError(f"placement={value!r}: {e}") from None
+    raise ConfigError(f"placement={value!r} is not valid: it must be None, odb.Pooled(size), "
+                      "odb.Exchanged(pool=1, slack=0.0), or the mapping their as_dict() gives")
 
 
 class Release(NamedTuple):
@@ -66,7 +143,7 @@ class Release(NamedTuple):
     expect: tuple = ()
 
 
-class Own:
+class OwnStage:
     """The default: every batch runs where it was formed (module docstring)."""
 
     lanes = 1
@@ -108,7 +185,7 @@ class Own:
         return f"rank {r}"
 
 
-class Pooled(Own):
+class PoolStage(OwnStage):
     """Pooled windows, G > 1 (module docstring).  ``lane`` None (a simulation only): the pool's one core
     releases every lane's batches (`Batch.lane`), posts their counts summed, and reads the P pool rows."""
 
@@ -157,7 +234,7 @@ class Pooled(Own):
         return f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})"
 
 
-class Exchanged(Pooled):
+class ExchangeStage(PoolStage):
     """The round exchange, pooled or not (module docstring).  ``attention``: the policy's, for the fills
     posted (`odb.batching.exchange.batch_key`); the layout's ``slack`` its budget balance."""
 
@@ -276,14 +353,14 @@ class Exchanged(Pooled):
 
 
 def stage_for(layout: HeaderLayout, *, rank: int, lane: int | None, filler: Callable[[int], Batch], cost,
-              attention: float, stats, cfg: dict, mode: int, dealt: bool) -> Own:
+              attention: float, stats, cfg: dict, mode: int, dealt: bool) -> OwnStage:
     """The placement stage of a pass: the one place that reads the layout's ``lanes`` and ``exchange``."""
     if layout.exchange:
-        return Exchanged(layout, rank, lane, filler, cost=cost, attention=attention, stats=stats, cfg=cfg, mode=mode,
-                         dealt=dealt)
+        return ExchangeStage(layout, rank, lane, filler, cost=cost, attention=attention, stats=stats, cfg=cfg,
+                             mode=mode, dealt=dealt)
     if layout.lanes > 1:
-        return Pooled(layout, rank, lane, filler)
-    return Own(layout, rank)
+        return PoolStage(layout, rank, lane, filler)
+    return OwnStage(layout, rank)
 
 
 # -- pooled windows: the rules every pooled stage and the replicated decision share -------------------------
@@ -294,22 +371,22 @@ def check_pool(world_size: int, lanes: int, mode: str, sharding: str, aheads: Se
     i-th key when its core takes item ``i - ahead``, so a lane that reads further ahead would take a
     reserve position in another round than its pool's other lanes)."""
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-        raise ConfigError(f"pool_size={lanes!r} is not valid: it must be an int >= 1 (ranks sharing one window)")
+        raise ConfigError(f"odb.Pooled({lanes!r}) is not valid: it must be an int >= 1 (ranks sharing one window)")
     if lanes == 1:
         return
     if world_size % lanes:
-        raise ConfigError(f"pool_size={lanes} does not divide the {world_size} ranks of the loader's group; use "
+        raise ConfigError(f"odb.Pooled({lanes}) does not divide the {world_size} ranks of the loader's group; use "
                           "the ranks per host (torchrun's --nproc-per-node) or 1")
     if mode != "pad":
-        raise ConfigError(f"pool_size={lanes} needs mode='pad' (got {mode!r}): a pool's ranks split each round's "
+        raise ConfigError(f"odb.Pooled({lanes}) needs mode='pad' (got {mode!r}): a pool's ranks split each round's "
                           "batches and run zero-weight fillers where the split is uneven")
     if sharding != "dealt":
-        raise ConfigError(f"pool_size={lanes} needs dealt sharding (got {sharding!r}): every rank of a pool reads "
+        raise ConfigError(f"odb.Pooled({lanes}) needs dealt sharding (got {sharding!r}): every rank of a pool reads "
                           "the pool's dealt positions; a sampler or an IterableDataset decides each rank's own")
     for p in range(len(aheads) // lanes):
         mine = list(aheads[p * lanes:(p + 1) * lanes])
         if len(set(mine)) > 1:
-            raise ConfigError(f"pool_size={lanes}: ranks {p * lanes}..{p * lanes + lanes - 1} read ahead "
+            raise ConfigError(f"odb.Pooled({lanes}): ranks {p * lanes}..{p * lanes + lanes - 1} read ahead "
                               f"{mine} samples (num_workers x prefetch_factor); a pool's ranks must read its "
                               "samples in step, so give them the same num_workers and prefetch_factor")
 
@@ -345,7 +422,7 @@ def pool_rows(rows: Headers, lanes: int, round_index: int, fills_read: int | Non
                 f"pooled ranks diverged in round {round_index}: rank {p * lanes + j} posted other "
                 f"{bad} than rank {p * lanes} of its pool. A pool's ranks must preprocess and measure "
                 "its samples alike (deterministic preprocessing, the same length_fn and oversize); "
-                "every rank stops in this round. Use pool_size=1 for preprocessing that is random")
+                "every rank stops in this round. Leave placement at None for preprocessing that is random")
     at = rows.layout.index["st"]
     if (a[:, 0, at] == st).all():  # lane 0's headers are the pools' as they are: a view, not a copy of the
         return Headers(rows.layout, a[:, 0])  # unread fill slots (most of a pooled header, cold from the gather)

@@ -23,8 +23,8 @@ Exact loss scaling: the batches of round r are held until the collective of roun
 final stop) returns every rank's counts for them, then released with their global counts.
 
 Placement (`odb.core.placement`): where each formed batch runs, and which counts this rank posts for
-it, is one stage the core holds (`Own`, `Pooled`, `Exchanged`, chosen by the header layout); the core hands it
-every batch it forms, posts what it returns, and releases what it releases.  With the round exchange the
+it, is one stage the core holds (`OwnStage`, `PoolStage`, `ExchangeStage`, chosen by the header layout); the core
+hands it every batch it forms, posts what it returns, and releases what it releases.  With the round exchange the
 collect also returns the batches to send (`Out.send`) and the slots expected (`Out.expect`): the driver moves
 them and calls `receive` before the core's next step.
 """
@@ -88,7 +88,7 @@ class RankCore:
         may raise.
     :param oversize: "alone" | "skip" | "error".
     :param loss_slot: the `odb.core.info.LOSS_BASES` slot ``loss_scale`` divides by.
-    :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.placement.Pooled`): this rank's lane in its
+    :param lane: pooled windows (``layout.lanes`` > 1, `odb.core.placement.PoolStage`): this rank's lane in its
         pool; the core is its pool's replica and releases this lane's batches.  None (a simulation only): the
         pool's one core releases every lane's batches (`Batch.lane`).
     :param traced: build each row's trace fields (`Out.trace`: the gathered headers' projections, O(N) a

@@ -23,11 +23,11 @@ __all__ = ["Shared", "GATHERED", "PARAMETERS", "describe_cost", "describe_policy
 
 GATHERED = ("ahead",)  # per-rank values gathered with the check (each rank's own; not compared)
 # the ODBDataLoader arguments behind each field, for messages
-PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, pool_size", "mode": "mode",
+PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, placement", "mode": "mode",
               "sharding": "sharding", "header_len": "policy, buffer_size", "policy": "policy",
               "cost": "cost, token_budget", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-              "order": "shuffle, seed, len(dataset)", "lanes": "pool_size", "exchange": "the round exchange",
-              "exchange_slack": "exchange_slack"}
+              "order": "shuffle, seed, len(dataset)", "lanes": "placement", "exchange": "placement",
+              "exchange_slack": "placement"}
 
 
 def _crc(text: str) -> int:
@@ -40,7 +40,7 @@ class Shared:
 
     :param protocol: the ODB version and the table's hash (ranks running other code decide otherwise).
     :param window: the window the table runs with: ``buffer_size`` times ``lanes``.
-    :param lanes: ranks per pool sharing one window (``pool_size``; `odb.core.placement`), 1 without pooling.
+    :param lanes: ranks per pool sharing one window (``placement``; `odb.core.placement`), 1 without pooling.
     :param mode: "pad" | "join" | "quota".
     :param sharding: "fixed" | "dealt".
     :param header_len: ints in one header (`odb.core.header.HeaderLayout.length`).

@@ -18,15 +18,14 @@ same order, settings and policy emits the batches `odb.ODBDataLoader` emits with
 
 from __future__ import annotations
 
-import functools
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..batching.base import AlignmentPolicy, CostModel, check_policy
+from ..batching.base import AlignmentPolicy
 from ..batching.deal import DealtOrder, Keys, first_lead, intake_ladder
-from ..batching.policy import default_policy
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..protocol.table import MODES
 from .header import Gathered, HeaderLayout, Post, reduce_posts
 from .placement import check_pool, pool_aheads
@@ -35,6 +34,7 @@ from .rank import RankCore
 from .types import Batch
 from .replica import Replicated
 from .shared import Shared, describe_cost, describe_policy
+from ..settings import LoaderSettings
 
 __all__ = ["SimResult", "simulate", "replay_rank"]
 
@@ -168,29 +168,33 @@ class _Setting:
     """What every simulated rank shares: the compared settings, the header layout, the prefetches
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
-    def __init__(self, n: int, cost: CostModel, window: int, mode: str, policy, deal, aheads, loss_basis: str,
-                 share_deals: bool = True, lanes: int = 1, exchange: bool = False, slack: int = 0):
-        self.n, self.cost, self.mode, self.policy, self.deal, self.loss_basis = n, cost, mode, policy, deal, loss_basis
-        self.lanes, self.pools = lanes, n // lanes
-        self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, lanes)
-        pol = policy()
-        check_policy(pol)
-        self._spare = [pol]  # the first core takes it: one policy per rank, as the runtime builds them
-        w = lanes * window  # the table's window: a pool's
-        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), lanes, exchange, slack)
-        self.shared = Shared(protocol="sim", window=w, mode=mode, sharding="fixed" if deal is None else "dealt",
-                             header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(cost),
-                             loss_basis=loss_basis, shift_labels=False, order="sim", lanes=lanes,
-                             exchange=exchange, exchange_slack=slack)
+    def __init__(self, n: int, settings: LoaderSettings, deal, aheads, share_deals: bool = True):
+        s = settings
+        sharding = "fixed" if deal is None else "dealt"
+        if s.sharding not in ("auto", sharding):
+            raise ConfigError(f"settings.sharding={s.sharding!r} but the simulation was given "
+                              f"{'no deal=' if deal is None else 'deal='}: pass the other, or sharding='auto'")
+        check_pool(n, s.lanes, s.mode, sharding)
+        self.cost, pol = s.cost_and_policy()  # the loader's own derivation: the same cost model and default policy
+        self.n, self.mode, self.deal, self.loss_basis, self.oversize = n, s.mode, deal, s.loss_basis, s.oversize
+        self.lanes, self.pools = s.lanes, n // s.lanes
+        self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, s.lanes)
+        self._policy = pol  # every core gets its own copy: one policy per rank, as the runtime builds them
+        w = s.lanes * s.buffer_size  # the table's window: a pool's
+        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), s.lanes, s.exchange, s.slack_bp)
+        self.shared = Shared(protocol="sim", window=w, mode=s.mode, sharding=sharding,
+                             header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(self.cost),
+                             loss_basis=s.loss_basis, shift_labels=False, order="sim", lanes=s.lanes,
+                             exchange=s.exchange, exchange_slack=s.slack_bp)
         self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
 
-    def core(self, r: int, shard: Sequence, oversize: str, lane: int | None = 0,
+    def core(self, r: int, shard: Sequence, lane: int | None = 0,
              replica: type = Replicated) -> tuple[RankCore, _Timed, DealtOrder | None]:
         """Rank r's core; pooled (``lanes`` > 1): pool r's one core (`lane` None), or lane `lane` of pool
         ``r div lanes``, rank r (a replica, as the runtime runs it)."""
-        pol, order = _Timed(self._spare.pop() if self._spare else self.policy()), None
+        pol, order = _Timed(copy.deepcopy(self._policy)), None
         pool = r if lane is None else r // self.lanes
         if self.deal is not None:
             order = DealtOrder(self.keys, self.pools, pool, first_lead(self.layout.window, self.aheads),
@@ -201,19 +205,21 @@ class _Setting:
             src = _ListSource(shard)
         rep = replica(self.shared, world_size=self.pools, aheads=self.aheads, policy=pol, order=order, epoch=0)
         core = RankCore(rank=r, world_size=self.n, mode=MODES[self.mode], policy=pol, cost=self.cost, replica=rep,
-                        layout=self.layout, source=src, oversize=oversize, loss_slot=LOSS_BASES[self.loss_basis],
+                        layout=self.layout, source=src, oversize=self.oversize, loss_slot=LOSS_BASES[self.loss_basis],
                         stats=LoaderStats(), template=lambda _fallback: None, lane=lane, traced=False)
         return core, pol, order
 
 
-def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: str = "pad",
-             policy: Callable[[], AlignmentPolicy] | None = None, max_rounds: int = 10**7,
-             deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-             loss_basis: str = "label_tokens", on_round: Callable[[int, list], Any] | None = None,
-             share_deals: bool = True, pool_size: int = 1, replicas: bool = False,
-             exchange: bool = False, exchange_slack: int = 0, infos: bool = False,
-             on_moved: Callable[[int, dict], Any] | None = None) -> SimResult:
+def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequence | None = None,
+             aheads: Sequence[int] | None = None, max_rounds: int = 10**7,
+             on_round: Callable[[int, list], Any] | None = None, share_deals: bool = True, replicas: bool = False,
+             infos: bool = False, on_moved: Callable[[int, dict], Any] | None = None) -> SimResult:
     """Run N = len(shards) ranks to DONE; return every rank's batches per step (see `SimResult`).
+
+    `settings`: the loader's own `odb.LoaderSettings` (a ready cost model goes in ``cost=`` with
+    ``token_budget=None``); the simulation reads what decides batches (``buffer_size``, ``mode``, ``cost``,
+    ``policy``, ``oversize``, ``loss_basis``, ``placement``; each simulated rank gets its own copy of the
+    policy) and ignores what concerns processes (workers, timeouts, traces).
 
     With ``deal`` (the epoch's global order of measures) `shards` must be N empty lists: every rank
     reads the order through its replica of the dealer, and batches hold positions of ``deal``.
@@ -224,14 +230,12 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     each deal once and each applies it (`DealtOrder`: keyed by the whole dealer state and the inputs,
     so a replica in another state computes its own); False: every replica deals alone (N times the
     dealer's work, the same batches).
-    ``policy``: a factory of one rank's policy (None: `default_policy` for the pool size, as the loader).
-    ``pool_size`` G > 1: pooled windows (`odb.core.placement`; dealt, PAD, G dividing N), ``window`` per rank.
-    By default one core per pool releases every lane's batches (the lanes' cores are its replicas);
+    With ``placement=odb.Pooled(G)`` (dealt, PAD, G dividing N) by default one core per pool releases every
+    lane's batches (the lanes' cores are its replicas);
     ``replicas=True`` runs every rank's own core, as the runtime does (G times the work, the same
     batches; the stats' straggler estimate ``step_tokens_max`` is exact only then).
-    ``exchange``: the round exchange (`odb.core.rank`, `odb.batching.exchange`; PAD or QUOTA, dealt): each
-    round's batches are re-dealt across the ranks by fill, the moved ones handed from core to core here;
-    ``exchange_slack``: its budget balance, in basis points (the loader's ``exchange_slack`` x 10,000).
+    With ``placement=odb.Exchanged(...)`` (PAD or QUOTA, dealt) each round's batches are re-dealt across the
+    ranks by fill (`odb.batching.exchange`), the moved ones handed from core to core here.
     ``on_moved(k, moved)``, if given, sees round k's exchanged batches after its collect: ``{core index:
     {origin slot: Batch}}``, what each core receives (`replay_rank`'s ``received``).
     Raises what the runtime raises (a policy breaking its contract is a local error: ProtocolError),
@@ -240,14 +244,11 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     n = len(shards)
     if deal is not None and any(len(s) for s in shards):
         raise ValueError("with deal=..., pass N empty shards")
-    check_pool(n, pool_size, mode, "fixed" if deal is None else "dealt")
-    if policy is None:  # the loader's default: `default_policy` for its pool size
-        policy = functools.partial(default_policy, pool_size)
-    setting = _Setting(n, cost, window, mode, policy, deal, aheads, loss_basis, share_deals, pool_size, exchange,
-                       exchange_slack)
+    setting = _Setting(n, settings, deal, aheads, share_deals)
+    pool_size = setting.lanes
     one = pool_size > 1 and not replicas  # one core per pool
     lane = (lambda r: None) if one else (lambda r: r % pool_size)  # noqa: E731
-    cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], oversize, lane(r))
+    cores, pols, orders = map(list, zip(*(setting.core(r, shards[r], lane(r))
                                           for r in range(setting.pools if one else n))))
     layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
@@ -294,11 +295,9 @@ def simulate(shards: Sequence[Sequence], cost: CostModel, *, window: int, mode: 
     return res
 
 
-def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequence[Sequence], cost: CostModel, *,
-                window: int, mode: str = "pad", policy: Callable[[], AlignmentPolicy] | None = None,
-                deal: Sequence | None = None, aheads: Sequence[int] | None = None, oversize: str = "alone",
-                loss_basis: str = "label_tokens", pool_size: int = 1, exchange: bool = False,
-                exchange_slack: int = 0, received: Sequence[Mapping] | None = None) -> list[dict]:
+def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequence[Sequence],
+                settings: LoaderSettings, *, deal: Sequence | None = None, aheads: Sequence[int] | None = None,
+                received: Sequence[Mapping] | None = None) -> list[dict]:
     """One rank alone, fed what `simulate` (same arguments) recorded with ``on_round``: ``rounds[k]`` is
     this rank's round-k `Post` and what that round's collective returned (`Gathered`, the headers as int
     vectors).  What a rank's process spends per round, as it would see it (no other rank's state in the
@@ -309,19 +308,15 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
     (`Replicated.decide`, inside the WAIT row: what reads the N headers), and ``plan_s``, the round exchange's
     plan (inside the WAIT row; 0 without the exchange).  Raises ProtocolError if
     this rank posts other than the recorded post (the replay is not the recorded run); a recorded post
-    with counts None has its header checked only.  ``pool_size`` G > 1: the rank is lane ``rank mod G``
-    of its pool (`simulate`'s ``pool_size``), a replica as the runtime runs it.  ``exchange`` (and
-    ``exchange_slack``): the round exchange, as `simulate` ran it; ``received[k]``, by origin slot, the batches
+    with counts None has its header checked only.  Pooled (``placement=odb.Pooled(G)``): the rank is lane
+    ``rank mod G`` of its pool, a replica as the runtime runs it.  With the round exchange (as `simulate`
+    ran it) ``received[k]``, by origin slot, the batches
     moved into this rank's core (or its pool's) after round k's collect, as ``(positions, indices, sizes,
     counts)`` (`simulate`'s ``on_moved``): this rank is handed the ones it expects (``receive_s``, in
     ``collect_s``); ProtocolError if one is not there."""
-    check_pool(len(shards), pool_size, mode, "fixed" if deal is None else "dealt")
-    if policy is None:
-        policy = functools.partial(default_policy, pool_size)
     # one replica alone, as the runtime's (no deal shared with other replicas: `DealtOrder`'s shared_deals None)
-    setting = _Setting(len(shards), cost, window, mode, policy, deal, aheads, loss_basis, share_deals=False,
-                       lanes=pool_size, exchange=exchange, slack=exchange_slack)
-    core, pol, _ = setting.core(rank, shards[rank], oversize, rank % pool_size, replica=_TimedReplicated)
+    setting = _Setting(len(shards), settings, deal, aheads, share_deals=False)
+    core, pol, _ = setting.core(rank, shards[rank], rank % setting.lanes, replica=_TimedReplicated)
     rep = core.replica
     ok = lambda: 0  # noqa: E731
     out = []

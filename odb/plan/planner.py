@@ -35,7 +35,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.placement import Exchanged, Pooled
 from ..errors import ConfigError
+from ..settings import LoaderSettings
 from .metrics import schedule_metrics
 from .stepmodel import H20_2B, StepModel, odb_round_latency, predict
 
@@ -56,17 +58,28 @@ class Candidate:
     pool_size: int = 1
     exchange: bool = False
 
-    def settings(self) -> dict:
-        """Keyword arguments for `odb.ODBDataLoader` (the defaults left out)."""
-        out = {"token_budget": self.token_budget, "buffer_size": self.buffer_size}
-        if self.pool_size > 1:
-            out["pool_size"] = self.pool_size
+    def placement(self) -> "Pooled | Exchanged | None":
+        """The ``placement=`` setting this candidate stands for."""
         if self.exchange:
-            out.update(exchange=True, exchange_slack=SLACK)
+            return Exchanged(pool=self.pool_size, slack=SLACK)
+        return Pooled(self.pool_size) if self.pool_size > 1 else None
+
+    def settings(self) -> dict:
+        """Keyword arguments for `odb.ODBDataLoader` (the defaults left out; a placement in its JSON form,
+        which ``placement=`` takes as it is)."""
+        out = {"token_budget": self.token_budget, "buffer_size": self.buffer_size}
+        if self.placement() is not None:
+            out["placement"] = self.placement().as_dict()
         return out
 
+    def loader_settings(self, cost) -> LoaderSettings:
+        """The `odb.LoaderSettings` of this candidate with a ready cost model (what the simulation runs)."""
+        return LoaderSettings(token_budget=None, cost=cost, buffer_size=self.buffer_size, placement=self.placement())
+
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.settings().items())
+        p = self.placement()
+        return f"token_budget={self.token_budget}, buffer_size={self.buffer_size}" + ("" if p is None else
+                                                                                      f", placement={p!r}")
 
 
 @dataclass
@@ -196,9 +209,7 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
         gmt = _predicted(global_max_tokens(sizes, cm, world_size), sizes, world_size, filler, collate, step_model)
         std = _predicted(standard(len(sizes), world_size, 1), sizes, world_size, filler, collate, step_model)
         for c in (c for c in _candidates(world_size, ranks_per_host, [b], windows)):
-            sim = simulate([[] for _ in range(world_size)], cm, window=c.buffer_size, mode="pad", deal=measures,
-                           pool_size=c.pool_size, exchange=c.exchange,
-                           exchange_slack=round(SLACK * 10_000) if c.exchange else 0)
+            sim = simulate([[] for _ in range(world_size)], c.loader_settings(cm), deal=measures)
             header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
                                    c.exchange).length
             round_s = odb_round_latency(step_model, world_size, c.buffer_size, header)[0]
@@ -270,7 +281,7 @@ def _recommend(preds: list[Prediction], budgets: list[int]) -> tuple[Prediction,
                    f"throughput ({rec.throughput_vs_gmt:.3f}x GMT's) and misses {', '.join(rec.misses)} (straggler "
                    f"{rec.straggler_efficiency:.3f}); a larger window, or pooling with the exchange, is what would help")
     if c.pool_size > 1:
-        why.append(f"pool_size={c.pool_size}" + (", exchange=True" if c.exchange else "") +
+        why.append(f"placement={c.placement()!r}" +
                    ": the window alone does not meet the targets here; the price: each rank preprocesses its "
                    "pool's samples" + (f", and {rec.moved_share:.0%} of the batches move between ranks" if c.exchange
                                        else ""))

@@ -11,7 +11,7 @@ from ..batching.collate import pad_collate  # the one implementation; re-exporte
 from ..core.info import LoaderStats, StepBatch, StepInfo, pop_step_info
 from .ledger import merge_states
 from .loader import ODBDataLoader
-from .settings import LoaderSettings
+from ..settings import LoaderSettings
 
 __all__ = ["ODBDataLoader", "LoaderSettings", "merge_states", "StepInfo", "StepBatch", "LoaderStats", "pop_step_info",
            "pad_collate"]

@@ -41,7 +41,7 @@ class PassHost(Protocol):
 
     rank: int
     world_size: int
-    settings: Any            # `odb.runtime.settings.LoaderSettings`
+    settings: Any            # `odb.settings.LoaderSettings`
     dataset: Any
     collate_fn: Callable
     cost: Any                # the built cost model and policy, the header layout and the compared settings
@@ -137,7 +137,7 @@ def filler_template(loader: "PassHost", order: list | None) -> Callable:
     whose sample fits or can be cut; else a SampleError that names the settings which would work."""
     fits, s = loader.fits, loader.settings
     fixes = "pass filler_sample=<a processed sample within the budget>" + (
-        " or use mode='join'" if not s.exchange and s.pool_size == 1 else "")
+        " or use mode='join'" if s.placement is None else "")
 
     def template(fallback):
         candidates = [] if order is None else (order or list(range(min(len(loader.dataset), 16))))[:16]
@@ -358,7 +358,7 @@ def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
     sharding gathers every rank's yielded positions first), the source, the filler template, the trace,
     and the rank core its engine drives; returns the started engine."""
     s, done, deal = loader.settings, loader.ledger.done, None
-    lanes = s.pool_size  # pooled windows (`odb.core.placement`): the table's participants are the pools
+    lanes = s.lanes  # pooled windows (`odb.core.placement`): the table's participants are the pools
     aheads = pool_aheads(loader.aheads, lanes)
     if loader.sharding == "dealt":
         every = {p for rgs in loader.group.gather_done(ranges(done)) for a, b in rgs for p in range(a, b)}

@@ -33,7 +33,7 @@ from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
 from .group import LoaderGroup
 from .ledger import EpochLedger
-from .settings import LoaderSettings, settings_help
+from ..settings import LoaderSettings, settings_help
 from .source import Source, shard_order
 
 __all__ = ["ODBDataLoader"]
@@ -104,7 +104,7 @@ class ODBDataLoader:
             self.group.destroy()
             raise
         # compared settings and the gathered prefetches: every rank decides alike
-        check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self.aheads)
+        check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads)
         self.stats = LoaderStats()
         self.ledger = EpochLedger()
         self.loader_id = next(_LOADER_IDS)
@@ -133,16 +133,13 @@ class ODBDataLoader:
         self.cost, self.policy = s.cost_and_policy()
         if s.filler_sample is not None:
             check_filler(s.filler_sample, self.cost, s)
-        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size, s.pool_size, s.exchange,
-                                    s.slack_bp)
+        self.layout = header_layout(int(self.policy.summary_len), s.buffer_size, s.lanes, s.exchange, s.slack_bp)
         own_order = s.sampler is None and not iterable
         self.shared = s.shared(sharding=self.sharding, header_len=self.layout.length, cost=self.cost,
                                policy=self.policy, num_positions=len(dataset) if own_order else None,
                                shift_labels=self.shift_labels)
-        self.source = Source(dataset, length_fn=s.length_fn, num_workers=s.num_workers,
-                              prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers,
-                              multiprocessing_context=s.multiprocessing_context, worker_init_fn=s.worker_init_fn,
-                              shift_labels=self.shift_labels, worker_timeout_s=float(s.timeout_s))
+        self.source = Source(dataset, length_fn=s.length_fn, num_workers=s.num_workers, dataloader=s.dataloader or {},
+                             shift_labels=self.shift_labels, worker_timeout_s=float(s.timeout_s))
 
     def _close_source(self) -> None:
         if self.source is not None:

@@ -206,6 +206,10 @@ class _Keys(Sampler):
         return len(self.keys) if self.deal is None else len(self.deal.keys)
 
 
+# DataLoader keywords that only workers use (DataLoader refuses them without workers)
+_WORKER_KEYS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
+
+
 def _identity(x):
     return x
 
@@ -242,18 +246,17 @@ class Source:
     (map-style only).
     """
 
-    def __init__(self, dataset, *, length_fn, num_workers: int, prefetch_factor, persistent_workers: bool,
-                 multiprocessing_context, worker_init_fn, pin_memory: bool = False, shift_labels: bool = False,
+    def __init__(self, dataset, *, length_fn, num_workers: int, dataloader: Mapping = {}, shift_labels: bool = False,
                  worker_timeout_s: float = 0.0):
+        """`dataloader`: the inner DataLoader's other keywords (``LoaderSettings.dataloader``), forwarded as is;
+        the worker ones only with workers."""
         self.iterable = isinstance(dataset, IterableDataset)
         self._keys = None if self.iterable else _Keys()
         wrapped = (_IterFetch if self.iterable else _MapFetch)(dataset, length_fn, bool(shift_labels))
-        kw = dict(batch_size=None, collate_fn=_identity, num_workers=num_workers,
-                  persistent_workers=persistent_workers and num_workers > 0,
-                  multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
-                  worker_init_fn=worker_init_fn, pin_memory=pin_memory)
-        if num_workers > 0 and prefetch_factor is not None:
-            kw["prefetch_factor"] = prefetch_factor
+        extra = {k: v for k, v in dataloader.items() if num_workers > 0 or k not in _WORKER_KEYS}
+        prefetch_factor = extra.get("prefetch_factor")
+        pin_memory = bool(extra.get("pin_memory", False))
+        kw = dict(batch_size=None, collate_fn=_identity, num_workers=num_workers, **extra)
         # keys the inner DataLoader may pull ahead of the items it has returned (its prefetch)
         self.ahead = num_workers * (2 if prefetch_factor is None else int(prefetch_factor))
         self._poll = num_workers > 0

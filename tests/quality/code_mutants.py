@@ -634,8 +634,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (P + "test_a_pools_over_budget_slots_come_in_multiples_of_its_ranks_so_a_step_holds_one_level",),
                "a pool's over-budget slots are not a multiple of its ranks: a step mixes over-budget levels"),
     CodeMutant("pool_prefetch_unchecked", "odb/runtime/loader.py",
-               "check_pool(self.world_size, s.pool_size, s.mode, self.sharding, self.aheads)",
-               "check_pool(self.world_size, s.pool_size, s.mode, self.sharding)",
+               "check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads)",
+               "check_pool(self.world_size, s.lanes, s.mode, self.sharding)",
                (P + "test_lanes_that_read_ahead_otherwise_are_refused_on_every_rank",),
                "lanes that read ahead otherwise are not refused (they diverge once a sample is dropped)"),
     # -- the targets' tally over every committed grid (paper_repro.scale_targets) -----------------------------------
@@ -900,7 +900,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (E + "test_the_loader_exchanges_on_gloo_ranks_as_simulated_and_its_traces_conform",),
                "the checker recomputes the plan without the run's slack: a budget-balanced run is reported "
                "non-conformant (and a run that ignored its slack would pass a check that shares the bug)"),
-    CodeMutant("settings_slack_not_compared", "odb/runtime/settings.py",
+    CodeMutant("settings_slack_not_compared", "odb/settings.py",
                "exchange=self.exchange, exchange_slack=self.slack_bp)", "exchange=self.exchange)",
                (E + "test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_bring_their_own_samples",),
                "ranks with different slacks pass the construction check and plan differently: batches lost and "
@@ -1016,7 +1016,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "self._oversize0 = st.oversize",
                (D + "test_an_over_budget_sample_is_announced_once_per_epoch_and_in_the_epochs_summary",),
                "an over-budget sample is announced each time one arrives, not once per epoch"),
-    CodeMutant("shift_labels_default_unshifted", "odb/runtime/settings.py",
+    CodeMutant("shift_labels_default_unshifted", "odb/settings.py",
                "            return True  # the causal LM's targets", "            return packs",
                (D + "test_a_causal_lm_loop_from_the_readme_counts_the_targets_its_loss_averages_over",),
                "the default counts labels[0], which a causal LM never predicts"),

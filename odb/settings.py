@@ -14,31 +14,37 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .. import __version__
-from ..batching.base import CostModel, check_policy
-from ..core.info import LOSS_BASES
-from ..core.shared import Shared, describe_cost, describe_policy
-from ..errors import ConfigError
-from ..protocol.table import DGAP, MODES
+from . import __version__
+from .batching.base import CostModel, check_policy
+from .core.info import LOSS_BASES
+from .core.placement import Exchanged, Pooled, placement_of
+from .core.shared import Shared, describe_cost, describe_policy
+from .errors import ConfigError
+from .protocol.table import DGAP, MODES
 
-__all__ = ["LoaderSettings", "COMPARED", "RANK_LOCAL", "OVERSIZE", "SHARDINGS", "settings_help"]
+__all__ = ["LoaderSettings", "COMPARED", "RANK_LOCAL", "OVERSIZE", "SHARDINGS", "DATALOADER_KEYS", "settings_help"]
 
 OVERSIZE = ("alone", "skip", "error")
 SHARDINGS = ("auto", "dealt", "fixed")
+# what ``dataloader=`` forwards to the inner DataLoader as is; the loader sets the others itself (batch_size,
+# sampler, collate_fn, timeout: its own keys, one sample at a time, its own polling) or refuses them (in_order:
+# the window reads each rank's keys in order)
+DATALOADER_KEYS = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_init_fn",
+                   "pin_memory", "pin_memory_device", "generator")
+# settings of earlier versions, and where each went
+MOVED = {"pool_size": "placement=odb.Pooled(size)", "exchange": "placement=odb.Exchanged(pool=1, slack=0.0)",
+         "exchange_slack": "placement=odb.Exchanged(slack=...)",
+         **{k: f"dataloader={{{k!r}: ...}}" for k in DATALOADER_KEYS[:4]}}
 
 # field -> the Shared field it is compared as (every rank must set it alike)
 COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "mode": "mode",
             "sharding": "sharding", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
-            "shuffle": "order", "seed": "order", "pool_size": "lanes", "exchange": "exchange",
-            "exchange_slack": "exchange_slack"}
+            "shuffle": "order", "seed": "order", "placement": ("lanes", "exchange", "exchange_slack")}
 # field -> why it may differ per rank
 RANK_LOCAL = {
     "sampler": "each rank's own indices (its order is then compared as 'own')",
     "num_workers": "its prefetch is gathered, each rank's need reads every rank's",
-    "prefetch_factor": "its prefetch is gathered, each rank's need reads every rank's",
-    "persistent_workers": "worker lifetime only",
-    "multiprocessing_context": "worker start method only",
-    "worker_init_fn": "worker setup only",
+    "dataloader": "worker setup; the prefetch it sets is gathered, each rank's need reads every rank's",
     "oversize": "decides which samples reach this rank's window; every effect is counted and gathered",
     "length_fn": "measures this rank's samples; their sizes reach the others only through gathered headers",
     "filler_sample": "the content of this rank's zero-weight fillers",
@@ -75,10 +81,9 @@ class LoaderSettings:
     :ivar sampler: yields this rank's own dataset indices instead of the loader's order (shards may be
         uneven; it must give the same order again after ``set_epoch(e)`` for resume).  Rank-local.
     :ivar num_workers: preprocessing workers of the inner DataLoader (default 0: in the loader's thread).
-    :ivar prefetch_factor: samples each worker prefetches, as in DataLoader (None: its default).
-    :ivar persistent_workers: keep the workers across epochs, as in DataLoader.
-    :ivar multiprocessing_context: the workers' start method ("fork", "spawn", ...), as in DataLoader.
-    :ivar worker_init_fn: as in DataLoader.
+    :ivar dataloader: other keywords for the inner DataLoader, forwarded as is: ``prefetch_factor``,
+        ``persistent_workers``, ``multiprocessing_context``, ``worker_init_fn``, ``pin_memory``,
+        ``pin_memory_device``, ``generator`` (the loader sets the rest itself).
     :ivar cost: what a batch costs: "padded" (default), "packed" (its tokens: for a packing collate),
         "quadratic" (tokens plus attention), a callable, a mapping resource -> budget for several
         resources (`odb.batching.make_cost_model`), or a ready `CostModel`.  Compared.
@@ -101,14 +106,9 @@ class LoaderSettings:
         batches (a checkpoint save); a dead peer or worker is seen within seconds whatever it is.
     :ivar trace_dir: if set, every rank writes a JSONL trace of each pass (``python -m proofs.conformance``).
     :ivar progress: a tqdm bar per pass, counted in every rank's samples; ``progress=(rank == 0)`` for one.
-    :ivar pool_size: ranks that share one window of ``pool_size * buffer_size`` samples, e.g. a host's
-        (default 1).  It balances as a ``pool_size`` times larger ``buffer_size`` does, at ``pool_size``
-        times the preprocessing; raise ``buffer_size`` first (``docs/guide/scaling.md``).  Compared.
-    :ivar exchange: after each round, re-deal the round's batches across the ranks by cost and move them
-        point to point (default False; ``docs/guide/scaling.md``).  Needs mode "pad" or "quota" and dealt
-        sharding.  Compared.
-    :ivar exchange_slack: with ``exchange``, the share of a round's step time its plan may spend balancing
-        the budget cost too, 0 to 0.1 (default 0: step time only).  Compared.
+    :ivar placement: where a formed batch runs (default None: on the rank that formed it);
+        ``odb.Pooled(size)``: a host's ranks share one window; ``odb.Exchanged(pool=1, slack=0.0)``: the round's
+        batches are re-dealt across the ranks by cost (``docs/guide/scaling.md``).  Compared.
     """
 
     token_budget: Any
@@ -117,10 +117,7 @@ class LoaderSettings:
     sharding: str = "auto"
     seed: int = 0
     num_workers: int = 0
-    prefetch_factor: int | None = None
-    persistent_workers: bool = False
-    multiprocessing_context: Any = None
-    worker_init_fn: Callable | None = None
+    dataloader: Mapping | None = None
     buffer_size: int = 1024
     mode: str = "pad"
     cost: Any = "padded"
@@ -133,9 +130,7 @@ class LoaderSettings:
     process_group: Any = None
     timeout_s: float = 1800.0
     trace_dir: str | None = None
-    pool_size: int = 1
-    exchange: bool = False
-    exchange_slack: float = 0.0
+    placement: Pooled | Exchanged | None = None
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -146,12 +141,16 @@ class LoaderSettings:
             return isinstance(v, int) and not isinstance(v, bool)
         if not (is_int(self.buffer_size) and self.buffer_size >= 1):
             bad("buffer_size", "an int >= 1 (samples per rank per round)")
-        if not (is_int(self.pool_size) and self.pool_size >= 1):
-            bad("pool_size", "an int >= 1 (ranks sharing one window)")
+        object.__setattr__(self, "placement", placement_of(self.placement))  # (the JSON form, as a value)
         if not (is_int(self.num_workers) and self.num_workers >= 0):
             bad("num_workers", "an int >= 0")
-        if self.prefetch_factor is not None and not (is_int(self.prefetch_factor) and self.prefetch_factor >= 1):
-            bad("prefetch_factor", "None or an int >= 1")
+        if self.dataloader is not None:
+            if not isinstance(self.dataloader, Mapping) or set(self.dataloader) - set(DATALOADER_KEYS):
+                bad("dataloader", f"None or a mapping of DataLoader keywords among {list(DATALOADER_KEYS)} (the "
+                    "loader sets batch_size, sampler, collate_fn, num_workers and timeout itself)")
+            pf = self.dataloader.get("prefetch_factor")
+            if pf is not None and not (is_int(pf) and pf >= 1):
+                bad("dataloader", "a mapping whose prefetch_factor is None or an int >= 1")
         if not is_int(self.seed):
             bad("seed", "an int")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
@@ -160,14 +159,9 @@ class LoaderSettings:
                             ("loss_basis", sorted(LOSS_BASES))):
             if getattr(self, name) not in valid:
                 bad(name, f"one of {valid}")
-        for name in ("shuffle", "persistent_workers", "progress", "exchange"):
+        for name in ("shuffle", "progress"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "True or False")
-        sl = self.exchange_slack
-        if isinstance(sl, bool) or not isinstance(sl, (int, float)) or not 0 <= sl <= 0.1:
-            bad("exchange_slack", "a number from 0 to 0.1")
-        if sl and not self.exchange:
-            raise ConfigError(f"exchange_slack={sl!r} without exchange=True: the slack is the exchange plan's")
         if self.policy is not None:
             check_policy(self.policy)
         if self.shift_labels is not None and not isinstance(self.shift_labels, bool):
@@ -193,9 +187,9 @@ class LoaderSettings:
                               "sampler and shard inside the dataset")
         own = not iterable and self.sampler is None
         if self.exchange and (self.mode == "join" or not own or self.sharding == "fixed"):
-            raise ConfigError("exchange=True needs mode 'pad' or 'quota' (every rank runs the same steps) and dealt "
-                              "sharding of a map-style dataset without sampler= (a moved batch's positions are in the "
-                              f"global order); got mode={self.mode!r}, sharding={self.sharding!r}" +
+            raise ConfigError("placement=odb.Exchanged(...) needs mode 'pad' or 'quota' (every rank runs the same steps) "
+                              "and dealt sharding of a map-style dataset without sampler= (a moved batch's positions are "
+                              f"in the global order); got mode={self.mode!r}, sharding={self.sharding!r}" +
                               (", an IterableDataset" if iterable else ", a sampler" if self.sampler is not None else ""))
         if self.sharding == "auto":
             return "dealt" if own else "fixed"
@@ -207,15 +201,15 @@ class LoaderSettings:
 
     def cost_and_policy(self):
         """The cost model and the alignment policy these settings build."""
-        from .. import batching
+        from . import batching
 
         cost = self.cost if isinstance(self.cost, CostModel) and not isinstance(self.cost, (str, Mapping)) \
             else batching.make_cost_model(self.cost, self.token_budget)
-        return cost, self.policy if self.policy is not None else batching.default_policy(self.pool_size)
+        return cost, self.policy if self.policy is not None else batching.default_policy(self.lanes)
 
     def resolved_shift(self, collate_fn) -> bool:
         """``shift_labels`` for this collate (the field's docstring); ConfigError for False with a packing one."""
-        from ..batching.collate import counts_shifted
+        from .batching.collate import counts_shifted
 
         packs = counts_shifted(collate_fn)
         if self.shift_labels is None:
@@ -232,21 +226,35 @@ class LoaderSettings:
         of the loader's own order (None: each rank brings its own samples)."""
         order = "own" if num_positions is None else \
             f"shuffle={self.shuffle} seed={self.seed} positions={num_positions}"
-        return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size * self.pool_size,
+        return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size * self.lanes,
                       mode=self.mode, sharding=sharding, header_len=header_len, policy=describe_policy(policy),
                       cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=shift_labels,
-                      order=order, lanes=self.pool_size, exchange=self.exchange, exchange_slack=self.slack_bp)
+                      order=order, lanes=self.lanes, exchange=self.exchange, exchange_slack=self.slack_bp)
+
+    # -- the placement, as the core and the header read it (`odb.core.placement`) ---------
+    @property
+    def lanes(self) -> int:
+        """Ranks sharing one window (1 without pooling)."""
+        return 1 if self.placement is None else self.placement.lanes
+
+    @property
+    def exchange(self) -> bool:
+        """The round exchange is on."""
+        return self.placement is not None and self.placement.exchange
 
     @property
     def slack_bp(self) -> int:
-        """``exchange_slack`` in basis points, the int every rank compares and the plan reads."""
-        return int(round(self.exchange_slack * 10_000))
+        """The exchange's slack in basis points, the int every rank compares and the plan reads (0 without)."""
+        return 0 if self.placement is None else self.placement.slack_bp
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping) -> "LoaderSettings":
         """Build from keyword arguments; an unknown name is a ConfigError listing the valid ones."""
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(kwargs) - set(names))
+        moved = [f"{k} (now {MOVED[k]})" for k in unknown if k in MOVED]
+        if moved:
+            raise ConfigError(f"ODBDataLoader got settings that moved: {', '.join(moved)}")
         if unknown:
             raise ConfigError(f"ODBDataLoader got unknown settings {unknown}; valid: {names}")
         return cls(**kwargs)
