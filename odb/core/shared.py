@@ -92,17 +92,16 @@ def mismatches(rows: Sequence[Sequence[int]]) -> list[str]:
 
 
 def describe_policy(policy: Any) -> str:
-    """The policy's class, summary length and public plain-valued attributes (its parameters).
+    """The policy's class, summary length and public attributes (its parameters), each as `_canon` writes it.
 
-    Underscored attributes are caches and are left out; a policy whose decisions depend on
-    other state must expose it as a public attribute of a plain type (int, float, str, bool,
-    or tuples of them) for the check to see it.
+    Underscored attributes are caches and are left out; a policy whose decisions depend on other state must
+    expose it as a public attribute (a value, a container of values or an array) for the check to see it.
     """
     cls = type(policy)
     parts = [f"{cls.__module__}.{cls.__qualname__}", f"summary_len={policy.summary_len!r}"]
-    params = {k: v for k, v in sorted(vars(policy).items()) if not k.startswith("_") and _plain(v)} \
+    params = {k: v for k, v in sorted(vars(policy).items()) if not k.startswith("_")} \
         if hasattr(policy, "__dict__") else {}
-    parts += [f"{k}={v!r}" for k, v in params.items()]
+    parts += [f"{k}={_canon(v)}" for k, v in params.items()]
     return " ".join(parts)
 
 
@@ -138,6 +137,33 @@ def _describe_fn(fn: Any) -> str:
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     if code is None:
         return name
-    cells = [c.cell_contents for c in (fn.__closure__ or ()) if _plain(getattr(c, "cell_contents", None))]
-    blob = repr((code.co_code, code.co_consts, getattr(fn, "__defaults__", None), cells))
+    cells = [_canon(getattr(c, "cell_contents", None)) for c in (fn.__closure__ or ())]
+    blob = repr((code.co_code, code.co_consts, _canon(getattr(fn, "__defaults__", None)), cells))
     return f"{name} code={zlib.crc32(blob.encode()):08x}"
+
+
+def _canon(v: Any, depth: int = 0) -> str:
+    """A captured value as text that is equal on two ranks exactly when the values are: scalars (numpy's as
+    Python's), containers element by element (a dict and a set in sorted order), arrays by dtype, shape and
+    a CRC of their bytes, callables by `_describe_fn`; an object whose repr holds an address, by its type only
+    (its state cannot be compared: a cost that depends on it must expose it as a plain value)."""
+    if depth > 6:
+        return "..."
+    if _plain(v):
+        return repr(v)
+    item = getattr(v, "item", None)
+    if getattr(v, "shape", None) == () and callable(item):  # a numpy (or torch) scalar
+        return repr(item())
+    if isinstance(v, (list, tuple)):
+        return f"{type(v).__name__}[" + ", ".join(_canon(x, depth + 1) for x in v) + "]"
+    if isinstance(v, (set, frozenset)):
+        return "set[" + ", ".join(sorted(_canon(x, depth + 1) for x in v)) + "]"
+    if isinstance(v, dict):
+        return "dict[" + ", ".join(sorted(f"{_canon(k, depth + 1)}: {_canon(x, depth + 1)}" for k, x in v.items())) + "]"
+    tobytes = getattr(v, "tobytes", None)
+    if callable(tobytes) and hasattr(v, "dtype"):  # a numpy array
+        return f"array {v.dtype} {tuple(v.shape)} {zlib.crc32(tobytes()):08x}"
+    if callable(v) and hasattr(v, "__code__") or hasattr(v, "func") and hasattr(v, "keywords"):
+        return _describe_fn(v)
+    text = repr(v)
+    return type(v).__qualname__ + ("" if " at 0x" in text else f" {text}")
