@@ -48,7 +48,8 @@ def _with_kwargs(rank, world_size, spec, per_rank):
 
 @pytest.mark.parametrize("per_rank", [
     [{"num_workers": 0}, {"num_workers": 2}],                                      # per-node workers
-    [{"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2, "prefetch_factor": 6}],  # prefetch alone
+    [{"num_workers": 2, "dataloader": {"prefetch_factor": 2}},
+     {"num_workers": 2, "dataloader": {"prefetch_factor": 6}}],                    # prefetch alone
 ])
 def test_dealt_ranks_with_different_workers_emit_every_sample_exactly_once(tmp_path, per_rank):
     # defect: the dealer's replicas read each rank's own num_workers * prefetch_factor: 134 of 600
