@@ -44,7 +44,7 @@ from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .info import LoaderStats, step_info
 from .placement import stage_for
 from .replica import Replicated
-from .types import CLOSED, FAILED, OK, Batch, Failure, Interrupted, Item
+from .types import CLOSED, FAILED, OK, Batch, Failure, FillerContent, Interrupted, Item
 
 __all__ = ["RankCore", "Out", "NO_LABELS_AFTER"]
 
@@ -108,7 +108,7 @@ class RankCore:
         self.local = machine.initial_local(DGAP, self.cfg)
         self.status = OK
         self._status_fn: Callable[[], int] = lambda: OK
-        self._template_fn = template
+        self.fillers = FillerContent(template)  # what zero-weight fillers replay
         self._sample_cost = sample_cost(cost)
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items taken
         self._window: list[Item] = []
@@ -129,10 +129,6 @@ class RankCore:
         self._errors: list[BaseException] = []
         self._posted = 0                 # header collectives entered
         self._steps = 0                  # batches released (StepInfo.step)
-        self._template: Any = None       # the cheapest sample within budget seen (fillers replay it)
-        self._template_cost = 0
-        self._fallback: Any = None       # while none fits: the cheapest over-budget one (the template cuts it)
-        self._fallback_cost = 0
         self._labels_seen = self._samples_seen = 0  # gathered, this pass
         self._ended = False
 
@@ -309,11 +305,7 @@ class RankCore:
             c = self._sample_cost(sizes)
             if self.dealt:
                 self._cost_taken += c
-            if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
-                if self._template is None or c < self._template_cost:
-                    self._template, self._template_cost = sample, c
-            elif self._template is None and (self._fallback is None or c < self._fallback_cost):
-                self._fallback, self._fallback_cost = sample, c
+            self.fillers.see(sample, c, fits)
             return Item(pos, index, sample, sizes, labels)
 
     # -- effects ----------------------------------------------------------------------
@@ -344,12 +336,12 @@ class RankCore:
         return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err, send, expect)
 
     def _filler(self, lane: int = 0) -> Batch:
-        if self._template is None and self._quit() == OK:
+        if self.fillers.sample is None and self._quit() == OK:
             try:
-                self._template = self._template_fn(self._fallback)
+                self.fillers.build()
             except Exception as e:  # no sample to build a filler from: stop through the table
                 self._fail(e)
-        return Batch([self._template], (), None, (), (0, 0, 0), lane=lane)
+        return Batch([self.fillers.sample], (), None, (), (0, 0, 0), lane=lane)
 
     def _hold(self, taken: list[Item] | None) -> None:
         if taken is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["OK", "CLOSED", "FAILED", "Failure", "Item", "Batch", "Interrupted"]
+__all__ = ["OK", "CLOSED", "FAILED", "Failure", "Item", "Batch", "Interrupted", "FillerContent"]
 
 OK, CLOSED, FAILED = 0, 1, 2
 
@@ -54,3 +54,30 @@ class Batch:
     @property
     def filler(self) -> bool:
         return self.indices is None
+
+
+class FillerContent:
+    """What a rank's zero-weight fillers replay: the cheapest sample within the budget it has seen (never an
+    over-budget one); while none fits, `build` asks ``make(fallback)``, the cheapest over-budget sample seen
+    (None if none), for one (the loader cuts it to the budget or finds another; it may raise)."""
+
+    __slots__ = ("sample", "_cost", "_fallback", "_fallback_cost", "_make")
+
+    def __init__(self, make):
+        self.sample: Any = None
+        self._cost = 0
+        self._fallback: Any = None
+        self._fallback_cost = 0
+        self._make = make
+
+    def see(self, sample: Any, cost: int, fits: bool) -> None:
+        """A usable sample of `cost` entered the window."""
+        if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)
+            if self.sample is None or cost < self._cost:
+                self.sample, self._cost = sample, cost
+        elif self.sample is None and (self._fallback is None or cost < self._fallback_cost):
+            self._fallback, self._fallback_cost = sample, cost
+
+    def build(self) -> None:
+        """No sample within the budget seen yet: ask for one (may raise)."""
+        self.sample = self._make(self._fallback)

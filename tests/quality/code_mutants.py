@@ -194,10 +194,10 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "a [1, n] input_ids is measured as one token"),
     CodeMutant("length_accepts_floats", "odb/runtime/source.py", "return operator.index(v)", "return int(v)",
                (G + "test_a_length_fn_must_return_ints",), "a float or string length is truncated"),
-    CodeMutant("filler_first_sample", "odb/core/rank.py",
+    CodeMutant("filler_first_sample", "odb/core/types.py",
                "if fits:  # fillers replay the cheapest sample within budget seen (never an oversize one)\n"
-               "                if self._template is None or c < self._template_cost:",
-               "if True:\n                if self._template is None:",
+               "            if self.sample is None or cost < self._cost:",
+               "if True:\n            if self.sample is None:",
                (R + "test_fillers_replay_the_cheapest_sample_within_the_budget_never_an_oversize_one",),
                "fillers replay the rank's first sample, over budget or not"),
     CodeMutant("empty_samples_enter_the_window", "odb/core/rank.py", "if sizes[0] == 0:", "if False:",
