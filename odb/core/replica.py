@@ -98,7 +98,8 @@ def _decide(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries
     if not lo <= proposal <= hi:
         raise ProtocolError(f"policy {type(policy).__name__} proposed {proposal}, outside the table's bounds "
                             f"[{lo}, {hi}] in round {round_index}")
-    proposal = lane_proposal(proposal, lanes, hi)
+    if lanes > 1:  # pooled: a multiple of the pool size (the default placement calls nothing here)
+        proposal = lane_proposal(proposal, lanes, hi)
     inputs["proposal"] = proposal  # the aggregates do not depend on the proposal
     return proposal, inputs
 
