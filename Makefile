@@ -9,7 +9,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep mutants bench bench-full repro repro-full repro-gpu examples docs clean
+.PHONY: install test test-fast verify verify-deep mutants mutation bench bench-full repro repro-full repro-gpu examples docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,17 @@ verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs
 mutants: $(VENV)/.stamp-all  ## seeded code bugs around the table, each against the tests that must kill it
 	$(BIN)/python tests/quality/code_mutants.py
 
+# cosmic-ray in a venv of its own (its dependencies stay out of the project's); the tests run in .venv.
+MUT := .venv-mutation
+SAMPLE ?= 60
+$(MUT)/.stamp: constraints.txt
+	$(PY) -m venv $(MUT)
+	$(MUT)/bin/python -m pip --disable-pip-version-check install -q -c constraints.txt cosmic-ray
+	touch $@
+
+mutation: $(VENV)/.stamp-all $(MUT)/.stamp  ## cosmic-ray's mutants beside our catalogue, SAMPLE per package (default 60; SAMPLE=0: all, hours)
+	$(BIN)/python tests/quality/mutation.py --sample $(SAMPLE)
+
 verify-deep: $(VENV)/.stamp-test  ## larger exhaustive scopes (N<=10 at D<=1, N<=7 at D<=2); adds its figures to the report
 	$(BIN)/python -m proofs verify --deep
 
@@ -72,4 +83,4 @@ repro-full: $(VENV)/.stamp-all  ## the larger grid
 	$(BIN)/python -m paper_repro.repro --full
 
 clean:
-	rm -rf $(VENV) $(REL) build site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(REL) $(MUT) build site *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,156 @@
+"""Mechanical mutation testing with cosmic-ray, beside our own catalogue (`code_mutants.py`).
+
+Legend
+    package    a folder of code that decides correctness and the tests that must defend it (`PACKAGES`)
+    mutant     one change cosmic-ray's operators make to one AST node (a number, a comparison, a boolean,
+               a binary operator, a removed decorator, ...): thousands per package
+    killed     its package's tests fail on it (any failure, error or timeout); survived: they pass
+    baseline   `BASELINE`: each surviving mutant that is equivalent (no test can tell it from the code),
+               keyed by its file, operator and the mutated line's text, with the reason; a survivor not in
+               it is a hole in the tests
+    sample     ``--sample K``: K mutants per package, drawn with ``--seed``, the rest skipped; the full run
+               (``--sample 0``) takes hours on 2 cores
+
+Each package's session runs in a copy of the working tree (cosmic-ray mutates files in place), with the
+project's own Python running the tests.  The report (``--report``, default `REPORT`) holds the kill rate per
+package and every survivor with its diff, and whether the baseline justifies it.
+
+    python tests/quality/mutation.py [--packages odb/core ...] [--sample 60] [--seed 0] [--report PATH]
+
+Run it with the project's Python (it runs the tests); cosmic-ray itself lives in a venv of its own
+(``make mutation`` builds ``.venv-mutation``, pinned by constraints.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "tests" / "quality" / "mutation_report.json"
+BASELINE = ROOT / "tests" / "quality" / "mutation_baseline.json"
+PYTEST = "python -m pytest -x -q -p no:cacheprovider -m 'not slow' "
+
+# package -> (its modules, the tests that must kill their mutants: fast, single-process where they can be)
+PACKAGES = {
+    "odb/core": (["odb/core/placement.py", "odb/core/rank.py", "odb/core/replica.py", "odb/core/types.py",
+                  "odb/core/header.py", "odb/core/info.py", "odb/core/shared.py", "odb/core/sim.py"],
+                 "tests/test_core.py tests/test_differential.py tests/test_pool.py tests/test_exchange.py "
+                 "tests/test_batching_sim.py tests/test_survivor_classes.py tests/test_runtime_single.py"),
+    "odb/batching": (["odb/batching/deal.py", "odb/batching/policy.py", "odb/batching/grouping.py",
+                      "odb/batching/cost.py", "odb/batching/exchange.py", "odb/batching/base.py"],
+                     "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py tests/test_dealt.py "
+                     "tests/test_exchange.py tests/test_batching_sim.py tests/test_check_packing.py"),
+    "odb/runtime": (["odb/runtime/epoch_pass.py", "odb/runtime/engine.py", "odb/runtime/source.py",
+                     "odb/runtime/ledger.py", "odb/runtime/loader.py", "odb/runtime/transport.py"],
+                    "tests/test_runtime_single.py tests/test_day_one.py tests/test_elastic.py "
+                    "tests/test_feature_edges.py tests/test_survivor_classes.py"),
+    "odb/integrations": (["odb/integrations"], "tests/test_integrations_plain.py tests/test_survivor_classes.py"),
+    "proofs/conformance": (["proofs/conformance"], "tests/test_conformance.py tests/test_survivor_classes.py"),
+}
+
+
+def _config(modules: list[str], tests: str, timeout: float) -> str:
+    mods = ", ".join(json.dumps(m) for m in modules)
+    return (f'[cosmic-ray]\nmodule-path = [{mods}]\ntimeout = {timeout}\nexcluded-modules = []\n'
+            f'test-command = "{sys.executable} {PYTEST[len("python "):]}{tests}"\n\n'
+            '[cosmic-ray.distributor]\nname = "local"\n')
+
+
+COSMIC_RAY = str(ROOT / ".venv-mutation" / "bin" / "cosmic-ray")  # `make mutation` builds it
+
+
+def _cosmic(exe: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def _line(tree: Path, module: str, line: int) -> str:
+    try:
+        return (tree / module).read_text().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        return ""
+
+
+def run_package(name: str, sample: int, seed: int, timeout: float, exe: str = COSMIC_RAY) -> dict:
+    """One package's session in a copy of the tree: the sample (or every mutant), its results."""
+    modules, tests = PACKAGES[name]
+    with tempfile.TemporaryDirectory(prefix="odb-mutation-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv", ".git", "site", "__pycache__", "*.sqlite"))
+        (tree / "cr.toml").write_text(_config(modules, tests, timeout))
+        db = tree / "session.sqlite"
+        r = _cosmic(exe, "init", "cr.toml", str(db), cwd=tree)
+        if r.returncode:
+            raise RuntimeError(f"cosmic-ray init failed: {r.stderr[-2000:]}")
+        con = sqlite3.connect(db)
+        jobs = [j for (j,) in con.execute("SELECT job_id FROM work_items ORDER BY job_id")]
+        keep = set(random.Random(seed).sample(jobs, sample)) if 0 < sample < len(jobs) else set(jobs)
+        skipped = [j for j in jobs if j not in keep]
+        con.executemany("INSERT INTO work_results (job_id, worker_outcome, output, test_outcome, diff) "
+                        "VALUES (?, 'SKIPPED', NULL, NULL, NULL)", [(j,) for j in skipped])
+        con.commit()
+        con.close()
+        t0 = time.perf_counter()
+        r = _cosmic(exe, "exec", "cr.toml", str(db), cwd=tree)
+        if r.returncode:
+            raise RuntimeError(f"cosmic-ray exec failed: {r.stderr[-2000:]}")
+        seconds = time.perf_counter() - t0
+        con = sqlite3.connect(db)
+        rows = con.execute(
+            "SELECT r.job_id, r.test_outcome, r.worker_outcome, r.diff, m.module_path, m.operator_name, m.start_pos_row "
+            "FROM work_results r JOIN mutation_specs m ON m.job_id = r.job_id WHERE r.worker_outcome != 'SKIPPED'"
+        ).fetchall()
+        con.close()
+        out = {"package": name, "tests": tests, "total_mutants": len(jobs), "run": len(rows), "seconds": round(seconds),
+               "killed": 0, "survived": 0, "incompetent": 0, "survivors": []}
+        for job, test, worker, diff, module, op, row in rows:
+            outcome = (test or worker or "").lower()
+            if outcome == "killed":
+                out["killed"] += 1
+            elif outcome == "survived":
+                out["survived"] += 1
+                out["survivors"].append({"key": f"{module}:{op}:{_line(ROOT, module, row)}", "module": module,
+                                         "line": row, "operator": op, "diff": diff})
+            else:
+                out["incompetent"] += 1
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--packages", nargs="*", default=list(PACKAGES), choices=list(PACKAGES))
+    ap.add_argument("--sample", type=int, default=60, help="mutants per package (0: every one; hours)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
+    ap.add_argument("--report", default=str(REPORT))
+    ap.add_argument("--cosmic-ray", default=COSMIC_RAY, help="the cosmic-ray executable (its own venv)")
+    a = ap.parse_args(argv)
+    baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    report = {"sample": a.sample, "seed": a.seed, "packages": []}
+    for name in a.packages:
+        res = run_package(name, a.sample, a.seed, a.timeout, a.cosmic_ray)
+        for s in res["survivors"]:
+            s["justified"] = baseline.get(s["key"])
+        judged = res["killed"] + res["survived"]
+        holes = sum(1 for s in res["survivors"] if not s["justified"])
+        res["kill_rate"] = round(res["killed"] / judged, 3) if judged else None
+        res["kill_rate_non_equivalent"] = round(res["killed"] / (res["killed"] + holes), 3) if judged else None
+        report["packages"].append(res)
+        print(f"{name:20s} {res['killed']}/{judged} killed ({res['kill_rate']}), {holes} unjustified survivors, "
+              f"{res['incompetent']} incompetent, of {res['total_mutants']} mutants; {res['seconds']} s", flush=True)
+    Path(a.report).write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if any(not s["justified"] for p in report["packages"] for s in p["survivors"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
