@@ -226,3 +226,37 @@ def test_replicas_sharing_each_deal_emit_what_replicas_dealing_alone_emit(drops)
     assert runs[0].reserve_taken == runs[1].reserve_taken and runs[0].targets == runs[1].targets
     assert runs[0].unemitted == runs[1].unemitted and sum(map(len, runs[0].batches)) > 0
     assert (sum(runs[0].reserve_taken) > 0) == drops  # the reserve path is exercised where drops make it
+
+
+@pytest.mark.parametrize("stop_at", [0, 2, 3])
+def test_a_rank_that_stops_in_round_k_fails_its_peers_naming_round_k(stop_at):
+    from odb.core.header import reduce_posts
+    from odb.core.sim import _Setting
+    from odb.core.types import CLOSED, OK
+    from odb.errors import RankFailure
+
+    sizes = sample_lengths("sharegpt4o", 3 * 64, seed=2)
+    setting = _Setting(3, sim_settings(make_cost_model("padded", 8192), 8), sizes, None)
+    cores = [setting.core(r, [])[0] for r in range(3)]
+    errors = []
+    for rnd in range(10):
+        posts = []
+        for r, c in enumerate(cores):
+            status = (lambda: CLOSED) if r == 1 and rnd >= stop_at else (lambda: OK)
+            while not c.waiting and not c.done:
+                o = c.step(status)
+                posts += [o.post] if o.post is not None else []
+        if all(c.done for c in cores):
+            break
+        errors += [o.abort_error for o in (c.collect(reduce_posts(posts)) for c in cores) if o.abort_error]
+    assert len(errors) == 2 and all(isinstance(e, RankFailure) and f"in round {stop_at} " in str(e) for e in errors)
+
+
+def test_the_time_a_simulation_spends_in_the_policy_is_within_its_wall_time():
+    import time
+
+    sizes = [sample_lengths("mmmix", 300, seed=r) for r in range(3)]
+    t0 = time.perf_counter()
+    res = simulate(sizes, sim_settings(make_cost_model("padded", 4096), 32))
+    wall = time.perf_counter() - t0
+    assert len(res.decision_s) == 3 * res.rounds and 0 < sum(res.decision_s) <= wall

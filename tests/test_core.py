@@ -348,3 +348,73 @@ def test_no_round_imports_a_module_after_the_first():
     calls, rounds, late = out.stdout.split(" ", 2)
     assert int(calls) >= 1 and int(rounds) > 2  # the end game ran through level_order
     assert late.strip() == "[]", f"modules imported after the first round: {late}"
+
+
+def test_the_stats_figures_are_the_ratios_of_their_counters_and_since_is_the_difference():
+    # the figures the epoch summary prints and the planner's hint reads (killed survivors of a cosmic-ray sample)
+    from odb.core.info import LoaderStats
+
+    st = LoaderStats(real_tokens=300, padded_tokens=400, budget_use_sum=1.5, budget_batches=2,
+                     step_tokens_mean=90.0, step_tokens_max=120, wait_time_s=0.5, pass_time_s=2.0)
+    assert st.figures() == {"padding_ratio": 0.25, "budget_use": 0.75, "token_balance": 0.75, "wait_fraction": 0.25}
+    assert LoaderStats().figures() == dict.fromkeys(st.figures())  # nothing to divide by: None, not 0
+    before = st.snapshot()
+    st.real_tokens += 50
+    st.steps += 3
+    st.oversize_worst = (1.5, (99,), 7)
+    d = st.since(before)
+    assert (d.real_tokens, d.steps, d.padded_tokens, d.oversize_worst) == (50, 3, 0, (1.5, (99,), 7))
+
+
+def test_a_pooled_abort_names_the_ranks_of_the_pool_that_stopped():
+    from odb.core.placement import OwnStage, PoolStage
+
+    lay = HeaderLayout(2, 8, 1, lanes=4)
+    assert PoolStage(lay, 5, 1, filler=None).who(1) == "a rank of pool 1 (ranks 4..7)"
+    assert OwnStage(HeaderLayout(2, 8, 1), 0).who(3) == "rank 3"
+
+
+def test_a_layout_reads_headers_of_an_equal_layout_and_names_the_reduced_counts_it_expects():
+    from odb.core.header import Gathered, Headers
+
+    a, b = HeaderLayout(2, 8, 1), HeaderLayout(2, 8, 1)  # equal, not the same object: a simulation's cores
+    rows = a.decode_all([a.encode(st=0, round=0, n=1, epoch=0, digest=(0, 0, 0), summary=(1, 2), taken=1, cost=1,
+                                  dry=0, reserve=0, intake=(1,))])
+    assert b.decode_all(rows) is rows
+    with pytest.raises(ValueError, match="header of"):
+        HeaderLayout(3, 8, 1).decode_all(Headers(a, rows.array))
+    with pytest.raises(ValueError, match=r"the layout holds 24 \+ 8"):
+        a.check_reduced(Gathered([], [0] * 24, [0] * 7))
+
+
+def test_a_pool_whose_first_lanes_read_ahead_otherwise_is_refused():
+    from odb.core.placement import check_pool
+
+    check_pool(4, 2, "pad", "dealt", (4, 4, 2, 2))  # each pool's lanes alike
+    for aheads in ((4, 2, 2, 2), (2, 2, 2, 4)):
+        with pytest.raises(ConfigError, match="read ahead"):
+            check_pool(4, 2, "pad", "dealt", aheads)
+
+
+def test_a_cost_object_is_described_by_its_own_repr_never_by_an_address():
+    class Plain:  # object's repr: an address, different on every rank
+        name = "plain"
+
+    class Own:
+        name = "own"
+
+        def __repr__(self):
+            return "Own(budget=7)"
+    assert "0x" not in describe_cost(Plain()) and describe_cost(Plain()) == describe_cost(Plain())
+    assert describe_cost(Own()).endswith("Own(budget=7)")
+
+
+def test_captured_values_are_compared_however_deeply_they_nest():
+    from odb.batching import make_cost_model
+
+    def cost(deep):
+        def fn(batch):
+            return len(batch) * max(s[0] for s in batch) + len(deep)
+        return make_cost_model(fn, 4096)
+    assert describe_cost(cost({"a": {"b": {"c": {"d": 1}}}})) != describe_cost(cost({"a": {"b": {"c": {"d": 2}}}}))
+    assert describe_cost(cost({"a": {"b": {"c": {"d": 1}}}})) == describe_cost(cost({"a": {"b": {"c": {"d": 1}}}}))

@@ -45,7 +45,8 @@ PACKAGES = {
     "odb/core": (["odb/core/placement.py", "odb/core/rank.py", "odb/core/replica.py", "odb/core/types.py",
                   "odb/core/header.py", "odb/core/info.py", "odb/core/shared.py", "odb/core/sim.py"],
                  "tests/test_core.py tests/test_differential.py tests/test_pool.py tests/test_exchange.py "
-                 "tests/test_batching_sim.py tests/test_survivor_classes.py tests/test_runtime_single.py"),
+                 "tests/test_batching_sim.py tests/test_survivor_classes.py tests/test_runtime_single.py "
+                 "tests/test_bench_decision.py tests/test_day_one.py tests/test_observe.py"),
     "odb/batching": (["odb/batching/deal.py", "odb/batching/policy.py", "odb/batching/grouping.py",
                       "odb/batching/cost.py", "odb/batching/exchange.py", "odb/batching/base.py"],
                      "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py tests/test_dealt.py "
@@ -93,7 +94,9 @@ def run_package(name: str, sample: int, seed: int, timeout: float, exe: str = CO
         if r.returncode:
             raise RuntimeError(f"cosmic-ray init failed: {r.stderr[-2000:]}")
         con = sqlite3.connect(db)
-        jobs = [j for (j,) in con.execute("SELECT job_id FROM work_items ORDER BY job_id")]
+        # by what each mutant is (job ids are random per session), so one seed draws the same mutants every time
+        jobs = [j for (j,) in con.execute("SELECT job_id FROM mutation_specs ORDER BY module_path, operator_name, "
+                                          "start_pos_row, start_pos_col, occurrence")]
         keep = set(random.Random(seed).sample(jobs, sample)) if 0 < sample < len(jobs) else set(jobs)
         skipped = [j for j in jobs if j not in keep]
         con.executemany("INSERT INTO work_results (job_id, worker_outcome, output, test_outcome, diff) "
