@@ -418,3 +418,15 @@ def test_captured_values_are_compared_however_deeply_they_nest():
         return make_cost_model(fn, 4096)
     assert describe_cost(cost({"a": {"b": {"c": {"d": 1}}}})) != describe_cost(cost({"a": {"b": {"c": {"d": 2}}}}))
     assert describe_cost(cost({"a": {"b": {"c": {"d": 1}}}})) == describe_cost(cost({"a": {"b": {"c": {"d": 1}}}}))
+
+
+def test_receipts_count_the_step_infos_taken_from_zero():
+    # the pass refuses a loop that took none: a count that starts above 0 would never refuse it
+    from odb.core.info import Receipts, attach_step_info, pop_step_info, step_info
+
+    r = Receipts()
+    assert r.taken == 0
+    batches = [attach_step_info({"x": k}, step_info((k,), False, 1, 2, 5, 9, 5, 9, 1.0, k, 0, 0), r) for k in range(3)]
+    for b in batches[:2]:
+        pop_step_info(b)
+    assert r.taken == 2
