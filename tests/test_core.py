@@ -430,3 +430,84 @@ def test_receipts_count_the_step_infos_taken_from_zero():
     for b in batches[:2]:
         pop_step_info(b)
     assert r.taken == 2
+
+
+def test_a_fresh_loaders_counters_are_all_zero():
+    from odb.core.info import LoaderStats
+
+    d = LoaderStats().as_dict()
+    assert all(v == 0 for v in d.values() if isinstance(v, (int, float))) and "unemitted" in d
+
+
+def test_fillers_replay_the_cheapest_sample_seen_within_the_budget_else_cut_the_cheapest_over_it():
+    from odb.core.types import FillerContent
+
+    asked = []
+    f = FillerContent(lambda fallback: asked.append(fallback) or "cut")
+    for sample, cost in (("a", 900), ("b", 800), ("c", 850)):
+        f.see(sample, cost, fits=False)
+    f.build()
+    assert asked == ["b"] and f.sample == "cut"
+    g = FillerContent(lambda fallback: pytest.fail("a sample fits: nothing to build"))
+    for sample, cost, fits in (("x", 50, True), ("y", 900, False), ("z", 30, True), ("w", 40, True)):
+        g.see(sample, cost, fits)
+    assert g.sample == "z"
+
+
+def test_captured_sets_are_described_in_order_and_apart():
+    from odb.batching import make_cost_model
+
+    def cost(captured):
+        def fn(batch):
+            return len(batch) * max(s[0] for s in batch) + len(captured)
+        return make_cost_model(fn, 4096)
+    assert describe_cost(cost({3, 1, 2})) == describe_cost(cost({1, 2, 3}))
+    assert describe_cost(cost({1, 2})) != describe_cost(cost({1, 3}))
+
+
+def test_a_gather_of_the_wrong_shape_is_a_value_error_naming_it():
+    import numpy as np
+
+    lay = HeaderLayout(2, 8, 1)
+    for bad in (np.zeros(lay.length, dtype=np.int64), np.zeros((1, 2, lay.length), dtype=np.int64)):
+        with pytest.raises(ValueError, match="the layout holds"):
+            lay.decode_all(bad)
+
+
+def test_a_simulation_given_a_deal_with_fixed_sharding_says_which_it_was_given():
+    from odb.batching import make_cost_model
+    from odb.core.sim import simulate
+    from odb.settings import LoaderSettings
+
+    cost = make_cost_model("padded", 64)
+    with pytest.raises(ConfigError, match="was given deal="):
+        simulate([[], []], LoaderSettings(token_budget=None, cost=cost, sharding="fixed"), deal=[(3,)] * 8)
+    with pytest.raises(ConfigError, match="was given no deal="):
+        simulate([[(3,)], [(3,)]], LoaderSettings(token_budget=None, cost=cost, sharding="dealt"))
+
+
+def test_a_rank_that_saw_no_sample_within_the_budget_asks_for_its_filler_while_it_runs():
+    # rank 0's only samples are over the budget: its PAD fillers are what the loader's template makes of them
+    from odb.batching import make_cost_model
+    from odb.core.header import reduce_posts
+    from odb.core.sim import _Setting
+    from odb.core.types import FillerContent
+    from odb.settings import LoaderSettings
+
+    setting = _Setting(2, LoaderSettings(token_budget=None, cost=make_cost_model("padded", 64), buffer_size=4),
+                       None, None)
+    cores = [setting.core(0, [(100,)])[0], setting.core(1, [(5,)] * 12)[0]]
+    asked = []
+    cores[0].fillers = FillerContent(lambda fallback: asked.append(fallback) or {"cut": True})
+    fillers = []
+    while not all(c.done for c in cores):
+        posts = []
+        for c in cores:
+            while not c.waiting and not c.done:
+                o = c.step(lambda: 0)
+                posts += [o.post] if o.post is not None else []
+        if posts:
+            for b in cores[0].collect(reduce_posts(posts)).release:
+                fillers += b.samples if b.filler else []
+            cores[1].collect(reduce_posts(posts))
+    assert fillers and all(s == {"cut": True} for s in fillers) and asked == [None]

@@ -452,3 +452,13 @@ def test_a_batch_that_moves_inside_its_pool_moves_in_memory_and_only_batches_lea
     # rank 0 runs its own step-0 batch (pool batch 0), then rank 1's step-1 batch (pool batch 3); rank 1 runs
     # rank 0's step-1 batch (pool batch 2), then its own step-0 batch (pool batch 1)
     assert placed == {0: [(0, (0,)), (1, (3,))], 1: [(0, (2,)), (1, (1,))]}
+
+
+def test_on_moved_sees_every_round_by_its_index():
+    from odb.core.sim import simulate
+
+    sizes, cost = _point(4, 64, seed=5)
+    rounds, moved = [], []
+    simulate([[] for _ in range(4)], sim_settings(cost, 16, exchange=True), deal=sizes,
+             on_round=lambda k, p: rounds.append(k), on_moved=lambda k, m: moved.append(k))
+    assert len(moved) > 3 and moved == rounds == list(range(len(rounds)))
