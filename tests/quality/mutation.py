@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cosmic-ray", default=COSMIC_RAY, help="the cosmic-ray executable (its own venv)")
     a = ap.parse_args(argv)
     baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
-    report = {"sample": a.sample, "seed": a.seed, "packages": []}
+    path = Path(a.report)  # a package run replaces that package's entry; the others' stay
+    old = json.loads(path.read_text()).get("packages", []) if path.exists() else []
+    report = {"packages": [p for p in old if p.get("package") not in a.packages]}
     for name in a.packages:
         res = run_package(name, a.sample, a.seed, a.timeout, a.cosmic_ray)
         for s in res["survivors"]:
@@ -148,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         holes = sum(1 for s in res["survivors"] if not s["justified"])
         res["kill_rate"] = round(res["killed"] / judged, 3) if judged else None
         res["kill_rate_non_equivalent"] = round(res["killed"] / (res["killed"] + holes), 3) if judged else None
+        res.update(sample=a.sample, seed=a.seed)
         report["packages"].append(res)
         print(f"{name:20s} {res['killed']}/{judged} killed ({res['kill_rate']}), {holes} unjustified survivors, "
               f"{res['incompetent']} incompetent, of {res['total_mutants']} mutants; {res['seconds']} s", flush=True)
-    Path(a.report).write_text(json.dumps(report, indent=1) + "\n")
-    return 1 if any(not s["justified"] for p in report["packages"] for s in p["survivors"]) else 0
+    report["packages"].sort(key=lambda p: p["package"])
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if any(not s["justified"] for p in report["packages"] if p["package"] in a.packages
+                    for s in p["survivors"]) else 0
 
 
 if __name__ == "__main__":
