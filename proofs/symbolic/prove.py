@@ -140,6 +140,12 @@ def _run(sv: z3.Solver, out: _Outcome, what: str, want: str, goal=None, explain=
         sv.push()
         sv.add(goal)
     r = sv.check()
+    if str(r) == "unknown" and sv.reason_unknown() in ("timeout", "canceled"):
+        # z3's search time is heavy-tailed in its random choices (a query of 0.03 s timed out once in a full test
+        # run): one more try on another seed; only its own answer counts, so an unknown is still never a pass
+        sv.set("random_seed", 7919)
+        sv.set("smt.random_seed", 7919)
+        r = sv.check()
     dt = time.perf_counter() - t
     out.queries += 1
     out.slowest = max(out.slowest, dt)
