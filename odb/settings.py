@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from . import __version__
 from .batching.base import CostModel, check_policy
 from .core.info import LOSS_BASES
-from .core.placement import Exchanged, Pooled, placement_of
+from .core.placement import AUTO, Exchanged, Pooled, placement_of, resolve_placement
 from .core.shared import Shared, describe_cost, describe_policy
 from .errors import ConfigError
 from .protocol.table import DGAP, MODES
@@ -106,9 +106,10 @@ class LoaderSettings:
         batches (a checkpoint save); a dead peer or worker is seen within seconds whatever it is.
     :ivar trace_dir: if set, every rank writes a JSONL trace of each pass (``python -m proofs.conformance``).
     :ivar progress: a tqdm bar per pass, counted in every rank's samples; ``progress=(rank == 0)`` for one.
-    :ivar placement: where a formed batch runs (default None: on the rank that formed it);
+    :ivar placement: where a formed batch runs: "auto" (default: ``odb.Exchanged(pool=1, slack=0.0125)`` on two
+        ranks or more in mode "pad" or "quota" with dealt sharding, else None); None: on the rank that formed it;
         ``odb.Pooled(size)``: a host's ranks share one window; ``odb.Exchanged(pool=1, slack=0.0)``: the round's
-        batches are re-dealt across the ranks by cost (``docs/guide/scaling.md``).  Compared.
+        batches are re-dealt across the ranks by cost (``docs/guide/scaling.md``).  Compared, as resolved.
     """
 
     token_budget: Any
@@ -130,7 +131,7 @@ class LoaderSettings:
     process_group: Any = None
     timeout_s: float = 1800.0
     trace_dir: str | None = None
-    placement: Pooled | Exchanged | None = None
+    placement: Pooled | Exchanged | str | None = AUTO
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -186,7 +187,7 @@ class LoaderSettings:
             raise ConfigError("sampler= cannot be used with an IterableDataset (it yields its own stream); drop the "
                               "sampler and shard inside the dataset")
         own = not iterable and self.sampler is None
-        if self.exchange and (self.mode == "join" or not own or self.sharding == "fixed"):
+        if self.placement != AUTO and self.exchange and (self.mode == "join" or not own or self.sharding == "fixed"):
             raise ConfigError("placement=odb.Exchanged(...) needs mode 'pad' or 'quota' (every rank runs the same steps) "
                               "and dealt sharding of a map-style dataset without sampler= (a moved batch's positions are "
                               f"in the global order); got mode={self.mode!r}, sharding={self.sharding!r}" +
@@ -232,20 +233,37 @@ class LoaderSettings:
                       order=order, lanes=self.lanes, exchange=self.exchange, exchange_slack=self.slack_bp)
 
     # -- the placement, as the core and the header read it (`odb.core.placement`) ---------
+    def resolved(self, world: int, sharding: str) -> "LoaderSettings":
+        """These settings with ``placement="auto"`` resolved for a group of `world` ranks and the resolved
+        `sharding` (`odb.core.placement.resolve_placement`); the loader and the simulation run only these."""
+        if self.placement != AUTO:
+            return self
+        return dataclasses.replace(self, placement=resolve_placement(self.placement, world=world, mode=self.mode,
+                                                                     sharding=sharding))
+
+    def _placed(self):
+        if self.placement == AUTO:  # a value read before the world is known would be a guess
+            raise ConfigError("placement='auto' is resolved per group: read lanes, exchange and slack_bp from "
+                              "settings.resolved(world, sharding)")
+        return self.placement
+
     @property
     def lanes(self) -> int:
         """Ranks sharing one window (1 without pooling)."""
-        return 1 if self.placement is None else self.placement.lanes
+        p = self._placed()
+        return 1 if p is None else p.lanes
 
     @property
     def exchange(self) -> bool:
         """The round exchange is on."""
-        return self.placement is not None and self.placement.exchange
+        p = self._placed()
+        return p is not None and p.exchange
 
     @property
     def slack_bp(self) -> int:
         """The exchange's slack in basis points, the int every rank compares and the plan reads (0 without)."""
-        return 0 if self.placement is None else self.placement.slack_bp
+        p = self._placed()
+        return 0 if p is None else p.slack_bp
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping) -> "LoaderSettings":

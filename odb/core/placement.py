@@ -55,7 +55,7 @@ from ..protocol.table import JOIN
 from .header import Header, HeaderLayout, Headers
 from .types import Batch
 
-__all__ = ["Pooled", "Exchanged", "placement_of", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
+__all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "resolve_placement", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
            "check_pool", "pool_rows", "pool_aheads",
            "lane_of", "lane_proposal", "lane_steps"]
 
@@ -114,10 +114,27 @@ class Exchanged:
         return {"kind": "exchanged", "pool": self.pool, "slack": self.slack}
 
 
-def placement_of(value: Any) -> "Pooled | Exchanged | None":
-    """The ``placement=`` setting as a value: None, a `Pooled` or an `Exchanged`, or the mapping their ``as_dict``
-    gives (the JSON form, what ``odb plan --json`` prints).  ConfigError for anything else."""
-    if value is None or isinstance(value, (Pooled, Exchanged)):
+AUTO = "auto"
+# what "auto" resolves to where the exchange can run: at every scale grid point it lifts the straggler efficiency
+# of the window alone (0.882-0.987 there) to the targets' side (docs/decisions/2026-12-06-default-placement.md)
+DEFAULT_EXCHANGE = Exchanged(pool=1, slack=0.0125)
+
+
+def resolve_placement(value: "Pooled | Exchanged | str | None", *, world: int, mode: str,
+                      sharding: str) -> "Pooled | Exchanged | None":
+    """The placement a pass runs: `value` itself, or for ``"auto"`` (the default) `DEFAULT_EXCHANGE` where the
+    exchange can run and pays (two ranks or more, mode "pad" or "quota", dealt sharding), else None.  Reads
+    only what every rank holds alike (the group's size and compared settings), so every rank resolves alike;
+    the construction check compares the result."""
+    if value != AUTO:
+        return value
+    return DEFAULT_EXCHANGE if world >= 2 and mode in ("pad", "quota") and sharding == "dealt" else None
+
+
+def placement_of(value: Any) -> "Pooled | Exchanged | str | None":
+    """The ``placement=`` setting as a value: ``"auto"``, None, a `Pooled` or an `Exchanged`, or the mapping their
+    ``as_dict`` gives (the JSON form, what ``odb plan --json`` prints).  ConfigError for anything else."""
+    if value is None or value == AUTO or isinstance(value, (Pooled, Exchanged)):
         return value
     if isinstance(value, Mapping):
         kw = dict(value)
@@ -129,7 +146,7 @@ def placement_of(value: Any) -> "Pooled | Exchanged | None":
                 return Exchanged(**kw)
         except TypeError as e:
             raise ConfigError(f"placement={value!r}: {e}") from None
-    raise ConfigError(f"placement={value!r} is not valid: it must be None, odb.Pooled(size), "
+    raise ConfigError(f"placement={value!r} is not valid: it must be 'auto', None, odb.Pooled(size), "
                       "odb.Exchanged(pool=1, slack=0.0), or the mapping their as_dict() gives")
 
 

@@ -169,11 +169,11 @@ class _Setting:
     and (dealing) the epoch's order of keys, one tuple that every rank's `DealtOrder` reads."""
 
     def __init__(self, n: int, settings: LoaderSettings, deal, aheads, share_deals: bool = True):
-        s = settings
         sharding = "fixed" if deal is None else "dealt"
-        if s.sharding not in ("auto", sharding):
-            raise ConfigError(f"settings.sharding={s.sharding!r} but the simulation was given "
+        if settings.sharding not in ("auto", sharding):
+            raise ConfigError(f"settings.sharding={settings.sharding!r} but the simulation was given "
                               f"{'no deal=' if deal is None else 'deal='}: pass the other, or sharding='auto'")
+        s = settings.resolved(n, sharding)  # placement="auto" as the loader resolves it for n ranks
         check_pool(n, s.lanes, s.mode, sharding)
         self.cost, pol = s.cost_and_policy()  # the loader's own derivation: the same cost model and default policy
         self.n, self.mode, self.deal, self.loss_basis, self.oversize = n, s.mode, deal, s.loss_basis, s.oversize

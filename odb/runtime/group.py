@@ -17,7 +17,17 @@ import torch
 from ..core.shared import PARAMETERS, Shared, mismatches
 from ..errors import ConfigError, RankFailure
 
-__all__ = ["LoaderGroup"]
+__all__ = ["LoaderGroup", "group_size"]
+
+
+def group_size(process_group) -> int:
+    """The number of ranks a loader on `process_group` (None: the whole world) aligns; 1 without an initialized
+    torch.distributed (`LoaderGroup` then refuses a launcher's WORLD_SIZE > 1 on every rank)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(process_group if process_group is not None else dist.group.WORLD)
 
 
 class LoaderGroup:

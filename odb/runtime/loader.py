@@ -31,7 +31,7 @@ from ..core.placement import check_pool
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
-from .group import LoaderGroup
+from .group import LoaderGroup, group_size
 from .ledger import EpochLedger
 from ..settings import LoaderSettings, settings_help
 from .source import Source, shard_order
@@ -128,6 +128,8 @@ class ODBDataLoader:
         self.dataset, self.collate_fn = dataset, collate_fn or pad_collate
         iterable = isinstance(dataset, IterableDataset)
         self.sharding = s.resolved_sharding(iterable)
+        # placement="auto" resolved from the group's size and compared settings; the result is compared
+        self.settings = s = s.resolved(group_size(s.process_group), self.sharding)
         self.mode, self.loss_basis, self.seed, self.timeout_s = s.mode, s.loss_basis, s.seed, float(s.timeout_s)
         self.shift_labels = s.resolved_shift(self.collate_fn)
         self.cost, self.policy = s.cost_and_policy()

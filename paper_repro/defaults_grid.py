@@ -1,0 +1,188 @@
+"""The default configuration at the committed scale grid points, against the targets, beside the opt-ins and peers.
+
+    python -m paper_repro.defaults_grid            # print the report from the committed results
+    python -m paper_repro.defaults_grid --run      # rerun the default at every point (hours on 2 cores)
+
+What runs is what a user gets without settings: ``LoaderSettings(token_budget=None, cost=..., buffer_size=W)``,
+its ``placement="auto"`` resolved by `odb.core.sim.simulate` as the loader resolves it for N ranks (dealt, PAD),
+at each in-scope point of the committed grids (`paper_repro.scale_targets.merge`: 80 points, 64 to 1,024 ranks,
+W >= 256, five length mixes, three costs) at the point's own window.  Its batches are scored as the grid scores
+every method (`paper_repro.bench_metrics.metrics`; the step-time model with the round collective of the
+resolved header) against the committed rows of the same point: sorted GMT (the targets' reference), the peers
+it must beat (`scale_grid.BEATS`), ODB without the exchange (``placement=None``, the paper's algorithm) and the
+opt-ins (pooled windows of 8, with the exchange, with budget balance).
+
+Writes ``results/defaults_grid_<yyyymm>.json`` after every point (a long run can stop and resume: points
+already there are kept) and the report ``defaults_grid_<yyyymm>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .scale_grid import BEATS, LABELS, RESULTS, TARGETS, _plan, _predicted, git
+
+__all__ = ["DEFAULT", "grid_points", "default_point", "report", "main"]
+
+DEFAULT = "odb_default"
+OPTINS = ("odb_dealt", "odb_pooled8", "odb_pooled8_exchange", "odb_pooled8_exchange_balanced")
+NAMES = {**{k: v for k, v in LABELS.items() if k in OPTINS}, DEFAULT: "ODB default (placement='auto')",
+         "odb_dealt": "ODB placement=None (the paper's)"}
+
+
+def _key(r: dict) -> str:
+    return f"{r['dist']} N={r['world']} W={r['window']} {r['cost']} {r['per_rank']}/rank"
+
+
+def grid_points(results_dir: str = RESULTS) -> list[dict]:
+    """The in-scope points of the committed scale grids (current ones only), cheapest first."""
+    import glob
+
+    from .provenance import check
+    from .scale_grid import in_scope
+    from .scale_targets import merge
+
+    stale = {name for name, status, _ in check(results_dir) if status == "stale"}
+    files = {}
+    for p in sorted(glob.glob(os.path.join(results_dir, "scale_grid*.json"))):
+        if os.path.basename(p) not in stale:
+            with open(p) as f:
+                files[os.path.basename(p)] = json.load(f)
+    return sorted(in_scope(merge(files)), key=lambda r: (r["world"] * r["per_rank"], _key(r)))
+
+
+def default_point(r: dict) -> dict:
+    """The default configuration on grid point `r` (a merged row): its figures, scored as the grid scores."""
+    from odb import LoaderSettings
+    from odb.core.sim import simulate
+    from odb.plan import stepmodel as cs
+    from odb.runtime.engine import header_layout
+
+    from .bench_grid import _exactly_once, point
+    from .bench_metrics import metrics
+
+    t0 = time.perf_counter()
+    world, window = r["world"], r["window"]
+    pt = point(r["dist"], world, r["budget"], r["cost"], r["per_rank"], 0)
+    settings = LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window)
+    placed = settings.resolved(world, "dealt")
+    sim = simulate([[] for _ in range(world)], settings, deal=pt.sizes)
+    _exactly_once(sim.batches, len(pt.sizes), f"{DEFAULT} {_key(r)}")
+    filler = sorted(s[0] for s in pt.sizes)[len(pt.sizes) // 2]
+    collate = "pad" if r["cost"] == "padded" else "packed"
+    pol = placed.cost_and_policy()[1]
+    lay = header_layout(int(pol.summary_len), window, placed.lanes, placed.exchange, placed.slack_bp)
+    r_s = cs.odb_round_latency(cs.H20_2B, world, window, lay.length)[0]
+    m = {**metrics(sim.batches, pt.sizes, pt.cost), "rounds": sim.rounds,
+         "placement": None if placed.placement is None else placed.placement.as_dict(),
+         "moved_batches": sim.moved / max(1, sum(b is not None for row in sim.batches for b in row))}
+    m["predicted"] = _predicted(_plan(sim.batches, pt.sizes, world, filler), world, collate, r_s, sim.rounds, 1)
+    g = r["methods"]["gmt"]
+    m["steps_vs_gmt"] = m["steps"] / g["steps"]
+    m["throughput_vs_gmt"] = m["predicted"]["samples_per_s"] / g["predicted"]["samples_per_s"]
+    m["sim_s"] = time.perf_counter() - t0
+    return m
+
+
+def _path(results_dir: str, ext: str) -> str:
+    return os.path.join(results_dir, f"defaults_grid_{time.strftime('%Y%m')}.{ext}")
+
+
+def run(results_dir: str = RESULTS, out: str | None = None, limit: int | None = None) -> dict:
+    """Run the default at every point not yet in `out` (default this month's file), writing after each."""
+    out = out or _path(results_dir, "json")
+    res = {"rows": {}}
+    if os.path.exists(out):
+        with open(out) as f:
+            res = json.load(f)
+    res["stamp"] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "odb",
+                                                                          "paper_repro", ":(exclude)paper_repro/results"))}
+    todo = [r for r in grid_points(results_dir) if _key(r) not in res["rows"]][:limit]
+    for i, r in enumerate(todo):
+        res["rows"][_key(r)] = default_point(r)
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+        os.replace(tmp, out)
+        print(f"[{i + 1}/{len(todo)}] {_key(r)}: {res['rows'][_key(r)]['sim_s']:.0f} s", file=sys.stderr, flush=True)
+    return res
+
+
+def report(res: dict, results_dir: str = RESULTS) -> list[str]:
+    """Per target, the default's tally over the points it ran, beside the opt-ins and the peers on the same
+    points; each miss named with its cause (the straggler ceiling, the step lower bound)."""
+    t = TARGETS
+    pts = [r for r in grid_points(results_dir) if _key(r) in res["rows"]]
+    for r in pts:
+        r["methods"] = {**r["methods"], DEFAULT: res["rows"][_key(r)]}
+    lines = [f"{len(pts)} points (of the committed grids' in-scope points), each at its own window; targets "
+             f"(data, `scale_grid.TARGETS`): straggler efficiency >= {t['straggler_eff']}, steps <= "
+             f"{t['steps_vs_gmt']} x GMT's, predicted throughput >= {t['throughput_vs_gmt']} x sorted GMT's.", ""]
+    lines += ["| configuration | straggler >= 0.97 | worst | steps <= 1.05x GMT | worst | throughput >= 0.97x GMT "
+              "| worst | beats every peer |", "|---|---|---|---|---|---|---|---|"]
+    for name in (DEFAULT, *OPTINS):
+        have = [r for r in pts if name in r["methods"]]
+        if not have:
+            continue
+        ms = [r["methods"][name] for r in have]
+        st = [m["straggler_eff"] for m in ms]
+        sv = [m["steps_vs_gmt"] for m in ms]
+        tv = [m["throughput_vs_gmt"] for m in ms]
+        beats = sum(all(r["methods"][name]["predicted"]["samples_per_s"] > r["methods"][p]["predicted"]["samples_per_s"]
+                        for p in BEATS if p in r["methods"]) for r in have)
+        lines.append(f"| {NAMES[name]} | {sum(v >= t['straggler_eff'] for v in st)}/{len(ms)} | {min(st):.3f} | "
+                     f"{sum(v <= t['steps_vs_gmt'] for v in sv)}/{len(ms)} | {max(sv):.3f} | "
+                     f"{sum(v >= t['throughput_vs_gmt'] for v in tv)}/{len(ms)} | {min(tv):.3f} | {beats}/{len(ms)} |")
+    lines += ["", "Misses of the default, each with its cause:"]
+    for r in pts:
+        m = r["methods"][DEFAULT]
+        why = []
+        if m["straggler_eff"] < t["straggler_eff"]:
+            why.append(f"straggler {m['straggler_eff']:.3f} (its ceiling, mean / max of the ranks' totals, "
+                       f"{m['straggler_ceiling']:.3f}; GMT's {r['methods']['gmt']['straggler_eff']:.3f})")
+        if m["steps_vs_gmt"] > t["steps_vs_gmt"]:
+            why.append(f"steps {m['steps_vs_gmt']:.3f} x GMT's (the step lower bound is "
+                       f"{r['lower_bound_vs_gmt']:.3f} x)")
+        if m["throughput_vs_gmt"] < t["throughput_vs_gmt"]:
+            bal = m["predicted"]["balanced_samples_per_s"] / r["methods"]["gmt"]["predicted"]["samples_per_s"]
+            why.append(f"throughput {m['throughput_vs_gmt']:.3f} x GMT's (with every step as long as its mean rank "
+                       f"{bal:.3f} x)")
+        lost = [p for p in BEATS if p in r["methods"] and m["predicted"]["samples_per_s"]
+                <= r["methods"][p]["predicted"]["samples_per_s"]]
+        if lost:
+            why.append("not faster than " + ", ".join(lost))
+        if why:
+            lines.append(f"- {_key(r)}: " + "; ".join(why))
+    if lines[-1].startswith("Misses"):
+        lines.append("- none")
+    moved = [res["rows"][_key(r)]["moved_batches"] for r in pts]
+    if moved:
+        lines += ["", f"The exchange moved {min(moved):.1%}-{max(moved):.1%} of the real batches between ranks "
+                      "(the price in bytes: docs/guide/scaling.md)."]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", action="store_true", help="rerun the default at the points not yet in the file")
+    ap.add_argument("--limit", type=int, help="with --run: at most this many points")
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--file", help="the JSON to read and extend (default: the newest defaults_grid_*.json)")
+    a = ap.parse_args(argv)
+    import glob
+
+    path = a.file or (sorted(glob.glob(os.path.join(a.results, "defaults_grid_*.json"))) or [None])[-1]
+    res = run(a.results, path, a.limit) if a.run else (json.load(open(path)) if path else None)
+    if res is None:
+        print("no defaults_grid_*.json yet: run with --run", file=sys.stderr)
+        return 1
+    print("\n".join(report(res, a.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
