@@ -69,7 +69,7 @@ def _modes(slack: int) -> list[tuple[str, dict]]:
     """The passes of one round: (name, the loader's exchange settings)."""
     from odb.core.placement import Exchanged
 
-    out = [("plain", {}), ("exchange", {"placement": Exchanged()})]
+    out = [("plain", {"placement": None}), ("exchange", {"placement": Exchanged()})]
     return out + [("balanced", {"placement": Exchanged(slack=slack / 10_000)})] if slack else out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import odb
+from odb.core.placement import DEFAULT_EXCHANGE
 from odb.plan import measure, plan, read_lengths
 from odb.plan.metrics import schedule_metrics
 
@@ -24,23 +25,29 @@ LENGTHS = [int(x) for x in np.clip(np.round(_rng.lognormal(np.log(30), 0.9, 600)
 
 
 def _loader_rows(rank, world_size):
-    loader = odb.ODBDataLoader(Samples(LENGTHS), 256, id_collate, buffer_size=64, timeout_s=60)
-    rows = [list(odb.pop_step_info(b).indices) or None for b in loader]
-    loader.close()
-    return rows
+    out = []
+    for extra in ({}, {"placement": None}):  # the default ("auto": the exchange on 3 ranks), then none
+        loader = odb.ODBDataLoader(Samples(LENGTHS), 256, id_collate, buffer_size=64, timeout_s=60, **extra)
+        out.append([list(odb.pop_step_info(b).indices) or None for b in loader])
+        loader.close()
+    return out
 
 
 @pytest.mark.slow  # 3 gloo ranks
 def test_given_every_length_the_plan_is_the_loaders_own_run_on_gloo_ranks(tmp_path):
     res = run_ranks(_loader_rows, 3, tmp_path, timeout_s=90)
     assert all(r.status == "ok" for r in res), [r.error for r in res]
-    rows = [r.value for r in res]
     from odb.batching import make_cost_model
 
     cost = make_cost_model("padded", 256)
-    real = schedule_metrics(rows, [(n,) for n in LENGTHS], cost)
-    p = plan(LENGTHS, world_size=3, budgets=[256], windows=[64]).predictions[0]
-    assert (p.steps, p.padding, p.straggler_efficiency) == (real["steps"], real["padding"], real["straggler_eff"])
+    preds = plan(LENGTHS, world_size=3, budgets=[256], windows=[64]).predictions
+    default = [p for p in preds if p.candidate.settings()["placement"] == DEFAULT_EXCHANGE.as_dict()]
+    none = [p for p in preds if p.candidate.settings()["placement"] is None]
+    assert len(default) == len(none) == 1
+    for k, p in enumerate((default[0], none[0])):
+        real = schedule_metrics([r.value[k] for r in res], [(n,) for n in LENGTHS], cost)
+        assert (p.steps, p.padding, p.straggler_efficiency) == (real["steps"], real["padding"], real["straggler_eff"])
+    assert default[0].straggler_efficiency > none[0].straggler_efficiency  # what the default's exchange buys here
 
 
 def test_from_a_sample_of_a_quarter_of_the_lengths_the_estimates_are_within_the_stated_tolerance():
@@ -67,7 +74,7 @@ def test_the_command_line_prints_json_whose_recommendation_a_loader_takes(tmp_pa
     odb.ODBDataLoader(Samples(LENGTHS), collate_fn=id_collate, **rec["settings"]).close()
     text = subprocess.run([sys.executable, "-m", "odb", "plan", str(path), "--world-size", "4", "--budget", "256",
                            "--window", "32"], capture_output=True, text=True, timeout=120).stdout
-    assert "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32)" in text
+    assert "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32, placement=" in text
 
 
 def test_lengths_are_read_from_every_format_and_a_missing_column_is_named(tmp_path):
@@ -95,11 +102,15 @@ def test_measure_reads_lengths_as_the_loader_does_and_times_preprocessing():
 def test_with_several_ranks_per_host_it_weighs_pooling_and_the_exchange_and_says_why():
     r = plan(LENGTHS * 8, world_size=8, ranks_per_host=4, budgets=[256], windows=[32, 256])
     kinds = {(p.candidate.pool_size, p.candidate.exchange) for p in r.predictions}
-    assert kinds == {(1, False), (4, False), (4, True)}
+    assert kinds == {(1, False), (1, True), (4, False), (4, True)}  # (1, True): the default, "auto", on 8 ranks
     assert any(p.moved_share > 0 for p in r.predictions if p.candidate.exchange)
-    assert r.why[0].startswith("token_budget=256") and any("buffer_size=256" in w for w in r.why)
-    assert [p.candidate for p in r.predictions if not p.misses], "no candidate meets the targets here"
-    assert not r.recommended.misses  # one meets them: the recommendation is one that does
+    c = r.recommended.candidate
+    assert r.why[0].startswith("token_budget=256") and any(f"buffer_size={c.buffer_size}" in w for w in r.why)
+    meets = [p.candidate for p in r.predictions if not p.misses]
+    assert meets, "no candidate meets the targets here"
+    assert not r.recommended.misses  # one meets them: the recommendation is one that does, the least memory first
+    assert c.buffer_size * c.pool_size == min(m.buffer_size * m.pool_size for m in meets)
+    assert any(w.startswith("placement=") for w in r.why)  # the placement's choice has its reason
     with pytest.raises(odb.ConfigError, match="at least one length"):
         plan([], world_size=2)
 

@@ -100,11 +100,11 @@ def _plot(report, path: str) -> None:
             from None
     preds = report.predictions
     fig, ax = plt.subplots(figsize=(7, 4))
-    for pool, ex, mk in ((1, False, "o"), (None, False, "s"), (None, True, "^")):
+    for pool, ex, mk, label in ((1, False, "o", "placement=None"), (1, True, "D", "exchanged (the default)"),
+                                (None, False, "s", "pooled"), (None, True, "^", "pooled + exchange")):
         ps = [p for p in preds if p.candidate.exchange == ex and (p.candidate.pool_size == 1) == (pool == 1)]
         if ps:
-            ax.scatter([p.straggler_efficiency for p in ps], [p.throughput_vs_gmt for p in ps], marker=mk,
-                       label="window" if pool == 1 else ("pooled + exchange" if ex else "pooled"))
+            ax.scatter([p.straggler_efficiency for p in ps], [p.throughput_vs_gmt for p in ps], marker=mk, label=label)
     r = report.recommended
     ax.scatter([r.straggler_efficiency], [r.throughput_vs_gmt], s=160, facecolors="none", edgecolors="k",
                label="recommended")
@@ -158,8 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{' (drawn with replacement)' if i['drawn_with_replacement'] else ''}; step-time model {i['step_model']}; "
           f"{report.seconds:.1f} s\n")
     print(report.table())
-    print("\nRecommended: ODBDataLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in
-                                                              report.recommended.candidate.settings().items()) + ")")
+    c = report.recommended.candidate
+    kw = {**c.settings(), "placement": "None" if c.placement() is None else f"odb.{c.placement()!r}"}
+    print("\nRecommended: ODBDataLoader(dataset, " + ", ".join(
+        f"{k}={v if k == 'placement' else repr(v)}" for k, v in kw.items()) + ")")
     for line in report.why:
         print(f"  - {line}")
     return 0

@@ -28,14 +28,13 @@ estimates whose error the documentation states.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from ..core.placement import Exchanged, Pooled
+from ..core.placement import DEFAULT_EXCHANGE, Exchanged, Pooled
 from ..errors import ConfigError
 from ..settings import LoaderSettings
 from .metrics import schedule_metrics
@@ -46,7 +45,7 @@ __all__ = ["Candidate", "Prediction", "PlanReport", "plan", "TARGETS", "DEFAULT_
 TARGETS = {"straggler_efficiency": 0.97, "steps_vs_gmt": 1.05, "throughput_vs_gmt": 0.97}
 DEFAULT_WINDOWS = (256, 1024, 2048, 4096)
 DEFAULT_BUDGETS = (4096, 8192, 16384)  # the paper's recipes use 8192 to 16384 padded tokens
-SLACK = 0.0125  # the exchange's budget balance where it is a candidate (the slack the committed grids met with)
+SLACK = DEFAULT_EXCHANGE.slack  # the exchange's budget balance where it is a candidate: the default's
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,12 @@ class Candidate:
         return Pooled(self.pool_size) if self.pool_size > 1 else None
 
     def settings(self) -> dict:
-        """Keyword arguments for `odb.ODBDataLoader` (the defaults left out; a placement in its JSON form,
-        which ``placement=`` takes as it is)."""
-        out = {"token_budget": self.token_budget, "buffer_size": self.buffer_size}
-        if self.placement() is not None:
-            out["placement"] = self.placement().as_dict()
-        return out
+        """Keyword arguments for `odb.ODBDataLoader`: the budget, the window and the placement, always given
+        (None, or its JSON form, which ``placement=`` takes as it is), since the default "auto" depends on
+        the world size."""
+        p = self.placement()
+        return {"token_budget": self.token_budget, "buffer_size": self.buffer_size,
+                "placement": None if p is None else p.as_dict()}
 
     def loader_settings(self, cost) -> LoaderSettings:
         """The `odb.LoaderSettings` of this candidate with a ready cost model (what the simulation runs)."""
@@ -78,8 +77,7 @@ class Candidate:
 
     def label(self) -> str:
         p = self.placement()
-        return f"token_budget={self.token_budget}, buffer_size={self.buffer_size}" + ("" if p is None else
-                                                                                      f", placement={p!r}")
+        return f"token_budget={self.token_budget}, buffer_size={self.buffer_size}, placement={p!r}"
 
 
 @dataclass
@@ -144,6 +142,8 @@ def _candidates(world_size: int, ranks_per_host: int, budgets, windows) -> list[
     for b in budgets:
         for w in windows:
             out.append(Candidate(int(b), int(w)))
+            if world_size >= 2:  # the default placement there ("auto": `DEFAULT_EXCHANGE`)
+                out.append(Candidate(int(b), int(w), 1, exchange=True))
             if pooled:
                 out += [Candidate(int(b), int(w), g), Candidate(int(b), int(w), g, exchange=True)]
     return out
@@ -210,8 +210,9 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
         std = _predicted(standard(len(sizes), world_size, 1), sizes, world_size, filler, collate, step_model)
         for c in (c for c in _candidates(world_size, ranks_per_host, [b], windows)):
             sim = simulate([[] for _ in range(world_size)], c.loader_settings(cm), deal=measures)
+            pl = c.placement()
             header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
-                                   c.exchange).length
+                                   c.exchange, 0 if pl is None else pl.slack_bp).length
             round_s = odb_round_latency(step_model, world_size, c.buffer_size, header)[0]
             m = schedule_metrics(sim.batches, sizes, cm)
             run = predict(_plan(sim.batches, sizes, world_size, filler), world_size, step_model,
@@ -282,10 +283,14 @@ def _recommend(preds: list[Prediction], budgets: list[int]) -> tuple[Prediction,
                    f"{rec.straggler_efficiency:.3f}); a larger window, or pooling with the exchange, is what would help")
     if c.pool_size > 1:
         why.append(f"placement={c.placement()!r}" +
-                   ": the window alone does not meet the targets here; the price: each rank preprocesses its "
+                   ": no placement without pooling meets the targets here; the price: each rank preprocesses its "
                    "pool's samples" + (f", and {rec.moved_share:.0%} of the batches move between ranks" if c.exchange
                                        else ""))
-    elif any(p.candidate.pool_size > 1 for p in mine):
-        why.append("no pooling: the window alone meets the targets (pooling costs each rank its pool's "
-                   "preprocessing)" if meets else "no pooling: it predicts no better here")
+    elif c.exchange:
+        why.append(f"placement={c.placement()!r} (the default on 2 ranks or more): the window alone does not meet "
+                   f"the targets here; the price: {rec.moved_share:.0%} of the batches move between ranks, one "
+                   "round more of batches in host memory")
+    elif any(p.candidate.exchange or p.candidate.pool_size > 1 for p in mine):
+        why.append("placement=None: the window alone meets the targets, no batch moves between ranks" if meets
+                   else "placement=None: no other placement predicts better here")
     return rec, why
