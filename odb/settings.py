@@ -249,9 +249,9 @@ class LoaderSettings:
 
     @property
     def lanes(self) -> int:
-        """Ranks sharing one window (1 without pooling)."""
-        p = self._placed()
-        return 1 if p is None else p.lanes
+        """Ranks sharing one window (1 without pooling; "auto" never pools)."""
+        p = self.placement
+        return 1 if p is None or p == AUTO else p.lanes
 
     @property
     def exchange(self) -> bool:

@@ -6,6 +6,8 @@ policy (and no DataLoader workers, which the simulation does not model), every r
 batches (dataset indices per step, fillers included) must be the same.  Slow tier for N > 1.
 """
 
+import dataclasses
+
 import pytest
 
 from odb.batching import make_cost_model
@@ -34,7 +36,8 @@ def _loader_batches(rank, world_size, spec):
 
     data = Samples(spec.get("lengths", LENGTHS), drop=spec.get("drop", DROPS))
     loader = odb.ODBDataLoader(data, BUDGET, id_collate, buffer_size=spec["W"], mode=spec["mode"],
-                               sharding=spec["sharding"], seed=5, timeout_s=60)
+                               sharding=spec["sharding"], seed=5, timeout_s=60,
+                               placement=spec.get("placement", "auto"))
     out = []
     with join_context(None, loader):  # JOIN: no model collective here
         for batch in loader:
@@ -44,32 +47,39 @@ def _loader_batches(rank, world_size, spec):
     return out
 
 
+def _settings(spec):
+    """The loader's settings as the simulation takes them: the placement as the loader is given it ("auto", the
+    default, resolved by both alike)."""
+    s = sim_settings(make_cost_model("padded", BUDGET), spec["W"], mode=spec["mode"])
+    return dataclasses.replace(s, placement=spec.get("placement", "auto"))
+
+
 def _simulated(world_size, spec):
-    cost = make_cost_model("padded", BUDGET)
     if spec["sharding"] == "dealt":
         order = shard_order(len(LENGTHS), 0, 1, True, 5, 0)
-        sim = simulate([[] for _ in range(world_size)], sim_settings(cost, spec["W"], mode=spec["mode"]),
-                       deal=[_measure(i) for i in order])
+        sim = simulate([[] for _ in range(world_size)], _settings(spec), deal=[_measure(i) for i in order])
         return [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     orders = [shard_order(len(LENGTHS), r, world_size, True, 5, 0) for r in range(world_size)]
-    sim = simulate([[_measure(i) for i in o] for o in orders], sim_settings(cost, spec["W"], mode=spec["mode"]))
+    sim = simulate([[_measure(i) for i in o] for o in orders], _settings(spec))
     return [[None if b is None else [orders[r][p] for p in b] for b in row] for r, row in enumerate(sim.batches)]
 
 
-CASES = [("fixed", "pad", 8), ("dealt", "pad", 8), ("dealt", "join", 6), ("fixed", "quota", 8), ("dealt", "pad", 3)]
+# (sharding, mode, W, placement): "auto" is the default (the exchange on dealt pad/quota at 2 ranks or more)
+CASES = [("fixed", "pad", 8, "auto"), ("dealt", "pad", 8, "auto"), ("dealt", "join", 6, "auto"),
+         ("fixed", "quota", 8, "auto"), ("dealt", "pad", 3, "auto"), ("dealt", "pad", 8, None)]
 
 
-@pytest.mark.parametrize("sharding, mode, W", CASES)
-def test_the_loader_on_one_rank_emits_the_simulations_batches(sharding, mode, W):
-    spec = {"sharding": sharding, "mode": mode, "W": W}
+@pytest.mark.parametrize("sharding, mode, W, placement", CASES)
+def test_the_loader_on_one_rank_emits_the_simulations_batches(sharding, mode, W, placement):
+    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement}
     assert [_loader_batches(0, 1, spec)] == _simulated(1, spec)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("sharding, mode, W", CASES)
-def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_size, sharding, mode, W):
-    spec = {"sharding": sharding, "mode": mode, "W": W}
+@pytest.mark.parametrize("sharding, mode, W, placement", CASES)
+def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_size, sharding, mode, W, placement):
+    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement}
     res = run_ranks(_loader_batches, world_size, tmp_path, args=(spec,), timeout_s=90)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
     got, want = [r.value for r in res], _simulated(world_size, spec)
@@ -107,7 +117,7 @@ def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simula
     monkeypatch.setattr(deal, "fill_order", spy)
     monkeypatch.setattr(deal, "level_order", spy_levels)
     order = shard_order(len(BIG), 0, 1, True, 5, 0)
-    sim = simulate([[] for _ in range(2)], sim_settings(make_cost_model("padded", BUDGET), 2048, mode="pad"),
+    sim = simulate([[] for _ in range(2)], _settings({"W": 2048, "mode": "pad"}),
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     assert max(sorted_picks) >= deal._FAST_LEFT and max(levels) >= deal._FAST_LEFT

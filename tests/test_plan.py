@@ -126,7 +126,7 @@ def _hinted(rank, world_size):
     log = logging.getLogger("odb")
     log.setLevel(logging.INFO)
     log.addHandler(Keep())
-    loader = odb.ODBDataLoader(Samples(LENGTHS), 256, id_collate, buffer_size=8, timeout_s=60)
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 256, id_collate, buffer_size=8, timeout_s=60, placement=None)
     for _ in range(2):
         for b in loader:
             odb.pop_step_info(b)
@@ -141,3 +141,61 @@ def test_an_epoch_that_misses_the_balance_target_says_once_what_a_larger_window_
     (hint,), others = res[0].value, res[1].value
     assert not others  # rank 0 only, once per loader
     assert "buffer_size=8 (now): straggler" in hint and "buffer_size=16:" in hint and "buffer_size=32:" in hint
+    assert "placement='auto' (the default: the round exchange) at buffer_size=8: straggler" in hint  # run without it
+
+
+def test_the_fit_recovers_a_step_model_of_its_form_and_the_planner_reads_it():
+    from odb.plan.probe import fit
+    from odb.plan.stepmodel import StepModel
+
+    true = StepModel(c_fixed=0.02, flop_per_token=3e-6, flop_per_l2=2e-9, knee_tokens=256.0, peak=1.0, mfu=1.0)
+    shapes = [(1, 64), (8, 64), (1, 512), (4, 512), (1, 2048), (2, 2048)]
+    got, err = fit(shapes, [true.compute([n] * r) for r, n in shapes])
+    assert err < 1e-6 and got.knee_tokens == 256.0
+    for r, n in [(3, 100), (16, 256), (1, 4000)]:  # shapes it was not fitted on
+        assert abs(got.compute([n] * r) / true.compute([n] * r) - 1) < 1e-6
+    slow = plan(LENGTHS, world_size=2, budgets=[256], windows=[32], step_model=got)
+    fast = plan(LENGTHS, world_size=2, budgets=[256], windows=[32])
+    assert slow.predictions[0].steps == fast.predictions[0].steps  # the batches are the same; only time differs
+    assert slow.predictions[0].throughput_vs_standard != fast.predictions[0].throughput_vs_standard
+    with pytest.raises(odb.ConfigError, match="3 shapes or more"):
+        fit(shapes[:2], [1.0, 2.0])
+
+
+def test_probe_on_cpu_times_the_model_and_says_it_measured_no_memory(tmp_path):
+    from odb.plan.probe import largest_budget, load_model, probe, probe_shapes
+
+    shapes = probe_shapes(LENGTHS, [256])
+    assert len(shapes) >= 3 and all(r * n <= 256 or r == 1 for r, n in shapes)
+    res = probe(load_model("_probe_model:tiny_lm"), shapes, device="cpu", repeats=1)
+    assert res.device == "cpu" and res.peak_bytes is None and len(res.seconds) == len(shapes)
+    assert all(s > 0 for s in res.seconds) and res.model.c_fixed >= 0
+    best, why = largest_budget(res, [256, 512], max(LENGTHS))
+    assert best is None and "step time only" in why
+    with pytest.raises(odb.ConfigError, match="module:callable"):
+        load_model("no_colon_here")
+    path = tmp_path / "lengths.npy"
+    np.save(path, np.asarray(LENGTHS))
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-m", "odb", "plan", str(path), "--world-size", "2", "--budget", "256",
+                          "--window", "32", "--probe", "_probe_model:tiny_lm", "--probe-device", "cpu", "--json"],
+                         capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=tests_dir))
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["inputs"]["step_model"].startswith("fitted on cpu") and rep["inputs"]["probe"]["seconds"]
+    assert any("step time only" in w for w in rep["recommended"]["why"])
+
+
+@pytest.mark.adapters  # transformers
+def test_probe_loads_a_saved_transformers_model_from_its_folder_without_the_network(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from odb.plan.probe import load_model, probe
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path / "m")
+    res = probe(load_model(str(tmp_path / "m")), [(1, 16), (4, 16), (1, 64)], device="cpu", repeats=1)
+    assert len(res.seconds) == 3 and all(s > 0 for s in res.seconds)
+    with pytest.raises(odb.ConfigError, match="ModuleNotFoundError"):
+        load_model("no_such_module_odb:build")

@@ -248,7 +248,7 @@ class PoolStage(OwnStage):
 
     def who(self, r: int) -> str:
         G = self.lanes
-        return f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})"
+        return f"rank {r}" if G == 1 else f"a rank of pool {r} (ranks {r * G}..{r * G + G - 1})"
 
 
 class ExchangeStage(PoolStage):

@@ -1,7 +1,7 @@
 """``odb plan``: the planner on the command line, and the ways to give it lengths.
 
     odb plan LENGTHS --world-size N [--ranks-per-host G] [--budget B ...] [--window W ...] [--cost packed]
-             [--column NAME] [--num-samples S] [--json] [--plot PATH]
+             [--column NAME] [--num-samples S] [--json] [--plot PATH] [--probe MODEL [--probe-device D]]
 
 LENGTHS: a ``.npy`` (1-D ints), a ``.txt`` (ints separated by white space), a ``.jsonl`` (``--column``: a
 number, or a list whose length counts, per line), a ``.parquet`` file (``--column``; needs pyarrow) or a
@@ -138,12 +138,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the loader's seed (its shuffled order)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--plot", help="write a PNG of the candidates (needs matplotlib)")
+    ap.add_argument("--probe", metavar="MODEL", help="fit the step-time model to MODEL on this machine's device: a "
+                    "saved transformers model's folder, or module:callable returning a torch module (odb.plan.probe)")
+    ap.add_argument("--probe-device", help="the device to probe on (default: cuda if available, else cpu)")
     a = ap.parse_args(argv)
+    probed, why_budget = None, None
     try:
         lengths = read_lengths(a.lengths, a.column)
-        report = plan(lengths, world_size=a.world_size, ranks_per_host=a.ranks_per_host, budgets=a.budget,
+        budgets = a.budget or list(DEFAULT_BUDGETS)
+        extra = {}
+        if a.probe:
+            from .probe import largest_budget, load_model, probe, probe_shapes
+
+            probed = probe(load_model(a.probe), probe_shapes(lengths, budgets), device=a.probe_device)
+            extra["step_model"] = probed.model
+            best, why_budget = largest_budget(probed, budgets, int(max(lengths)))
+            if best is not None:  # only budgets the device's memory holds at the longest sample
+                budgets = [b for b in budgets if b <= best]
+        report = plan(lengths, world_size=a.world_size, ranks_per_host=a.ranks_per_host, budgets=budgets,
                       windows=a.window, cost=a.cost, samples_per_rank=a.samples_per_rank, num_samples=a.num_samples,
-                      seed=a.seed)
+                      seed=a.seed, **extra)
+        if probed is not None:
+            report.inputs["step_model"] = f"fitted on {probed.device} (largest error {probed.fit_error:.1%})"
+            report.inputs["probe"] = probed.as_dict()
+            report.why.insert(1, why_budget)
         if a.plot:
             _plot(report, a.plot)
     except (ConfigError, OSError, ValueError) as e:

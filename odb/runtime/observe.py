@@ -104,9 +104,15 @@ def plan_hint(loader, lengths: list[int], balance: float) -> str:
                       seed=s.seed, num_samples=len(lengths) * n)
     except Exception as e:  # noqa: BLE001 - a hint: never the training's failure
         return f"odb: token balance {balance:.3f}; the planner's hint failed ({type(e).__name__}: {e})"
-    by = {p.candidate.buffer_size: p for p in report.predictions if p.candidate.pool_size == 1}
+    by = {p.candidate.buffer_size: p for p in report.predictions if p.candidate.placement() == s.placement}
     parts = [f"buffer_size={v}{' (now)' if v == w else ''}: straggler {by[v].straggler_efficiency:.3f}, "
              f"{by[v].throughput_vs_gmt:.3f}x the offline oracle's throughput, about {3 * v} samples in host memory "
              "per rank" for v in windows]
+    ex = [p for p in report.predictions if p.candidate.buffer_size == w and p.candidate.pool_size == 1
+          and p.candidate.exchange and s.placement is None]
+    if ex:  # the default's exchange, where this loader runs without it
+        parts.append(f"placement='auto' (the default: the round exchange) at buffer_size={w}: straggler "
+                     f"{ex[0].straggler_efficiency:.3f}, {ex[0].throughput_vs_gmt:.3f}x, {ex[0].moved_share:.0%} of "
+                     "the batches sent to another rank")
     return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}); `odb plan` on this rank's {len(lengths)} "
             f"lengths at {n} ranks predicts: " + "; ".join(parts) + " (docs/guide/planning.md)")

@@ -586,6 +586,24 @@ MUTANTS: tuple[CodeMutant, ...] = (
                ("tests/test_bench_decision.py::test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_"
                 "moved_and_posts_what_it_posted",),
                "the exchange's plan is not timed: the decision benchmark cannot say where its time goes"),
+    # -- the default placement, "auto" (odb.core.placement.resolve_placement) -----------------------------------------
+    CodeMutant("auto_exchanges_from_three_ranks", "odb/core/placement.py",
+               'return DEFAULT_EXCHANGE if world >= 2 and mode in ("pad", "quota")',
+               'return DEFAULT_EXCHANGE if world >= 3 and mode in ("pad", "quota")',
+               ("tests/test_default_placement.py",),
+               "two ranks get no exchange by default: the loader and the simulation agree, so only the rule's own "
+               "tests can tell"),
+    CodeMutant("auto_exchanges_under_fixed_shards", "odb/core/placement.py",
+               'mode in ("pad", "quota") and sharding == "dealt" else None',
+               'mode in ("pad", "quota") else None',
+               ("tests/test_default_placement.py",),
+               "a sampler or an IterableDataset gets the exchange, which needs the loader's own dealt order"),
+    CodeMutant("auto_read_as_no_placement", "odb/runtime/loader.py",
+               "        self.settings = s = s.resolved(group_size(s.process_group), self.sharding)\n",
+               "        self.settings = s = s.resolved(1, self.sharding)\n",
+               ("tests/test_default_placement.py", "tests/test_differential.py"),
+               "the loader resolves as if alone: no exchange by default, and the simulation of the same settings "
+               "disagrees with it"),
     # -- pooled windows (odb.core.placement) --------------------------------------------------------------------------
     CodeMutant("pool_ignores_a_lanes_stop", "odb/core/placement.py", 'st = a[:, :, rows.layout.index["st"]].max(axis=1)', 'st = a[:, 0, rows.layout.index["st"]]',
                (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
