@@ -38,6 +38,8 @@ def summary_line(s: LoaderStats, *, epoch: int, rank: int, world_size: int) -> s
             f"samples, {s.real_tokens} tokens; padding {_pct(f['padding_ratio'])} of padded tokens, budget use "
             f"{use}, token balance {bal} (mean/max rank per step), waited {_pct(f['wait_fraction'])} of "
             f"{s.pass_time_s:.2f} s, {s.rounds} rounds ({s.collective_s:.2f} s in collectives)"
+            + (f"; exchange: {s.exchange_sent} batches sent, {s.exchange_received} received, "
+               f"{s.exchange_bytes / 2**20:.1f} MiB" if s.exchange_sent or s.exchange_received else "")
             + (f"; {', '.join(drops)}" if drops else ""))
 
 

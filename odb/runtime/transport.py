@@ -46,6 +46,14 @@ def counts_mode(world_size: int, header_len: int, window: int) -> str:
     return "gather" if world_size * (header_len + 3 * window) <= GATHER_LIMIT else "reduce"
 
 
+# what a user can do when the exchange cannot move a sample (it is the default on two ranks or more)
+_REMEDY = ("The round exchange (placement='auto', the default on 2 ranks or more) moves batches between ranks: "
+           "make every sample picklable by any rank, or pass placement=None to keep each batch on its rank")
+
+
+def _few(indices: list, n: int = 8) -> str:
+    return str(indices) if len(indices) <= n else f"{indices[:n]} and {len(indices) - n} more"
+
 class HeaderGather:
     """Post a rank's `Post`, then collect the round's `Gathered` (``group`` None: world size 1, the rank's own).
 
@@ -144,8 +152,9 @@ class BatchTransfer:
                 data = _dumps(("batches", items))
             except Exception as e:  # the samples' own objects: the peer is told, and this rank stops
                 what = [int(i) for it in items for i in (it[3] or ())]
-                errors.append(SampleError(f"rank {self.rank}: the round exchange cannot send dataset indices {what} to "
-                                          f"rank {q}: pickling their samples raised {type(e).__name__}: {e}"))
+                errors.append(SampleError(f"rank {self.rank}: the round exchange cannot send dataset indices "
+                                          f"{_few(what)} to rank {q}: pickling their samples raised "
+                                          f"{type(e).__name__}: {e}. {_REMEDY}"))
                 data = pickle.dumps(("error", f"rank {self.rank} could not pickle dataset indices {what} "
                                               f"({type(e).__name__}: {str(e)[:200]})"))
             blob = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -166,7 +175,7 @@ class BatchTransfer:
             except Exception as e:  # the samples' own objects (a class only the sender has, memory): the data's
                 errors.append(SampleError(f"rank {self.rank}: the round exchange cannot read the batches rank {r} "
                                           f"sent: unpickling them raised {type(e).__name__}: {str(e)[:300]}; every "
-                                          "rank stops in the next round"))
+                                          f"rank stops in the next round. {_REMEDY}"))
                 continue
             if kind == "error":
                 errors.append(SampleError(f"rank {self.rank}: the round exchange lost the batches of rank {r}: "
