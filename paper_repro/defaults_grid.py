@@ -180,7 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     if res is None:
         print("no defaults_grid_*.json yet: run with --run", file=sys.stderr)
         return 1
-    print("\n".join(report(res, a.results)))
+    lines = report(res, a.results)
+    print("\n".join(lines))
+    if a.run:
+        md = (path or _path(a.results, "json"))[:-len(".json")] + ".md"
+        st = res["stamp"]
+        with open(md, "w") as f:
+            f.write(f"# The default configuration at the committed grid points\n\nCommand: `python -m "
+                    f"paper_repro.defaults_grid --run`; {time.strftime('%Y-%m-%d')}; commit {str(st['commit'])[:10]}"
+                    f"{' (dirty)' if st['dirty'] else ''}; {sum(r['sim_s'] for r in res['rows'].values()):.0f} s of "
+                    "simulation on one core.\n\n" + "\n".join(lines) + "\n")
     return 0
 
 

@@ -354,10 +354,28 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
         summ += ["", f"## At cluster scale, predicted ([{scale_files[1]}]({scale_files[1]}))", "",
                  f"{len(scale['rows'])} points, 8 to {max(r['world'] for r in scale['rows'])} ranks, "
                  f"{scale['grid']['per_rank']} samples per rank, every method's exact batches through the step-time "
-                 "model; the issue's targets for ODB (dealt, the default) at N >= 64:", "",
+                 "model; the issue's targets for ODB (dealt, placement=None) at N >= 64:", "",
                  *scale_grid.target_lines(scale)]
+    summ += defaults_section(outdir)
     with open(os.path.join(outdir, "SUMMARY.md"), "w") as f:
         f.write("\n".join(summ) + "\n")
+
+
+def defaults_section(outdir: str) -> list[str]:
+    """SUMMARY.md's section on the default configuration at the committed grid points (`paper_repro.defaults_grid`,
+    from its newest committed run; none without one)."""
+    import glob
+
+    from . import defaults_grid
+
+    files = sorted(glob.glob(os.path.join(outdir, "defaults_grid_*.json")))
+    if not files:
+        return []
+    with open(files[-1]) as f:
+        res = json.load(f)
+    md = os.path.basename(files[-1])[:-len(".json")] + ".md"
+    return ["", f"## The default configuration at the grid points ([{md}]({md}))", "",
+            *defaults_grid.report(res, outdir)]
 
 
 def _odb_vs_gmt_one_epoch(run, prices) -> dict | None:

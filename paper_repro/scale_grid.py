@@ -19,7 +19,8 @@ each schedule holds every sample exactly once):
     release_reimpl  the released package's algorithm, re-implemented, fixed shards (`odb.core.sim`);
                     not on the quadratic cost (its grouping knows a token budget only, and its groups
                     break a quadratic one: the simulation's partition check stops it)
-    odb_dealt       ODB as it ships by default: dealt sharding, the default policy, `odb.core.sim`
+    odb_dealt       ODB with dealt sharding, the default policy and ``placement=None`` (the paper's algorithm;
+                    the default, ``"auto"``, adds the round exchange: `paper_repro.defaults_grid`), `odb.core.sim`
                     (the runtime's `RankCore` per rank on the runtime's header and replicated decision)
 
     odb_pooled8     ODB with ``pool_size=8`` (`odb.core.placement`, opt-in): the windows of each host's 8 ranks
@@ -77,7 +78,7 @@ LABELS = {"odb_pooled8": "ODB pool_size=8", "odb_pooled8_exchange": "ODB pool_si
           "odb_exchange": "ODB + round exchange (prototype)", "gmt": "GMT sorted (oracle)",
           "gmt_shuffled": "GMT shuffled", "bmt": "BMT", "hf_rebalance": "HF rebalance",
           "dp_balanced": "Megatron DP-balanced", "kk_micro": "KK micro-batches", "release_reimpl": "release (re-impl.)",
-          "odb_dealt": "ODB (dealt, default)"}
+          "odb_dealt": "ODB (dealt, placement=None)"}
 # Which costs run at which world sizes (the quick grid keeps the 256-rank points to the padded cost: a
 # 256-rank point simulates 524k samples through 256 RankCores, about 2 minutes on one core).
 GRID_QUICK = {"worlds": (8, 64, 256), "window": 256, "budget": 8192, "per_rank": 2048,

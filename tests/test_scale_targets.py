@@ -50,7 +50,7 @@ def test_the_dealing_bound_is_the_straggler_over_its_ceiling(rows, small_scope):
     r = copy.deepcopy(rows[0])
     m = r["methods"]["odb_dealt"]
     m["straggler_eff"], m["straggler_ceiling"], m["predicted"]["straggler_eff"] = 0.90, 0.95, 0.93
-    lines = [x for x in dealing_lines([r]) if x.startswith("- ODB (dealt, default)")]
+    lines = [x for x in dealing_lines([r]) if x.startswith("- ODB (dealt, placement=None)")]
     assert "0.930-0.930, below 0.97 at 1/1" in lines[0]
     share = math.log(1 / 0.95) / math.log(1 / 0.90)
     assert f"explain {share:.0%} of the lost balance" in lines[1]
@@ -76,8 +76,8 @@ def test_the_per_window_lines_count_each_windows_misses_and_losses(rows, small_s
             if peer in r["methods"]:
                 r["methods"][peer]["predicted"]["samples_per_s"] = 0.5 * r["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
     b["methods"]["bmt"]["predicted"]["samples_per_s"] = 0.5 * b["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
-    lines = [x for x in window_lines([a, b]) if x.startswith("- ODB (dealt, default)")]
-    assert lines[0].startswith("- ODB (dealt, default) at W = 16: 1 points; predicted throughput 0.950-0.950")
+    lines = [x for x in window_lines([a, b]) if x.startswith("- ODB (dealt, placement=None)")]
+    assert lines[0].startswith("- ODB (dealt, placement=None) at W = 16: 1 points; predicted throughput 0.950-0.950")
     assert "below 0.97 at 1; not faster than a peer it must beat in 1 comparisons; steps over 1.05 x GMT's at 1" \
         in lines[0]
     assert "below 0.97 at 0; not faster than a peer it must beat in 0 comparisons; steps over 1.05 x GMT's at 0" \
@@ -101,8 +101,8 @@ def test_the_tally_leaves_stale_files_out_and_names_every_file(rows, small_scope
     text = "\n".join(lines)
     assert "`scale_grid_a.json`: current (from abc); 1 points, 1 in scope" in text
     assert "`scale_grid_c.json`: unstamped" in text and "left out, STALE: `scale_grid_b.json`" in text
-    assert "- ODB (dealt, default): predicted throughput >= 0.97 x sorted GMT's: " in text  # `target_lines` ran
-    assert "- ODB (dealt, default) at W = 16: 2 points" in text  # the per-window lines, on both merged points
+    assert "- ODB (dealt, placement=None): predicted throughput >= 0.97 x sorted GMT's: " in text  # `target_lines` ran
+    assert "- ODB (dealt, placement=None) at W = 16: 2 points" in text  # the per-window lines, on both merged points
     assert scale_targets.main([str(tmp_path)]) == 0
     assert next(tmp_path.glob("scale_targets_*.md")).read_text() == text
     for p in tmp_path.glob("scale_grid_[ac].json"):
@@ -120,7 +120,7 @@ def test_the_committed_grids_agree_where_they_overlap_and_the_committed_tally_is
     n = int(re.search(r"\((\d+) points at N >= 64", lines[0]).group(1))
     committed = (Path(__file__).resolve().parents[1] / "paper_repro" / "results" / "scale_targets_202612.md").read_text()
     assert f"({n} points at N >= 64" in committed.splitlines()[0]
-    worst = re.search(r"ODB \(dealt, default\): predicted throughput .*MISSED at (\d+)/(\d+) points; worst ([\d.]+)",
+    worst = re.search(r"ODB \(dealt, placement=None\): predicted throughput .*MISSED at (\d+)/(\d+) points; worst ([\d.]+)",
                       "\n".join(lines))
     assert worst and worst.group(0) in committed, "the committed scale_targets file is not the tally's: rerun it"
 
