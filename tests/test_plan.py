@@ -74,7 +74,11 @@ def test_the_command_line_prints_json_whose_recommendation_a_loader_takes(tmp_pa
     odb.ODBDataLoader(Samples(LENGTHS), collate_fn=id_collate, **rec["settings"]).close()
     text = subprocess.run([sys.executable, "-m", "odb", "plan", str(path), "--world-size", "4", "--budget", "256",
                            "--window", "32"], capture_output=True, text=True, timeout=120).stdout
-    assert "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32, placement=" in text
+    line = next(x for x in text.splitlines() if x.startswith("Recommended: "))
+    want = plan(LENGTHS, world_size=4, budgets=[256], windows=[32]).recommended.candidate.placement()
+    # the placement is printed unless it is what the default resolves to on 4 ranks (the exchange)
+    assert line == "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32" + (
+        ")" if want == DEFAULT_EXCHANGE else f", placement={'None' if want is None else 'odb.' + repr(want)})"), line
 
 
 def test_lengths_are_read_from_every_format_and_a_missing_column_is_named(tmp_path):

@@ -176,8 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{' (drawn with replacement)' if i['drawn_with_replacement'] else ''}; step-time model {i['step_model']}; "
           f"{report.seconds:.1f} s\n")
     print(report.table())
+    from ..core.placement import AUTO, resolve_placement
+
     c = report.recommended.candidate
     kw = {**c.settings(), "placement": "None" if c.placement() is None else f"odb.{c.placement()!r}"}
+    if c.placement() == resolve_placement(AUTO, world=a.world_size, mode="pad", sharding="dealt"):
+        del kw["placement"]  # what the default resolves to here (--json names it all the same)
     print("\nRecommended: ODBDataLoader(dataset, " + ", ".join(
         f"{k}={v if k == 'placement' else repr(v)}" for k, v in kw.items()) + ")")
     for line in report.why:

@@ -10,7 +10,7 @@ the largest candidate budget whose worst batch (one row at the longest length, o
 device's memory with `MARGIN` to spare.  On CPU only time is measured, and the report says so.
 
 MODEL: a folder a ``transformers`` causal LM was saved to (loaded with ``local_files_only``), or
-``module:callable`` returning a ``torch.nn.Module`` whose ``forward(input_ids=...)`` returns a loss, a tensor,
+``module:callable`` (the module found from the current directory first) returning a ``torch.nn.Module`` whose ``forward(input_ids=...)`` returns a loss, a tensor,
 or an object with ``.logits`` or ``.loss``.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -65,6 +66,8 @@ def load_model(spec: str):
     mod, _, name = spec.partition(":")
     if not name:
         raise ConfigError(f"--probe {spec!r}: give a saved model's folder or module:callable")
+    if os.getcwd() not in sys.path:  # the console script's path starts at its own folder: find the user's module
+        sys.path.insert(0, os.getcwd())  # in the current directory, as ``python -m`` would
     try:
         factory = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e:
