@@ -72,6 +72,9 @@ bench: $(VENV)/.stamp-all $(REL)/.stamp  ## batching quality (ours, the baseline
 bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8W, 4096) samples per rank), N = 2/8/64; about 16 min
 	$(BIN)/python -m paper_repro.bench --full --no-runtime --name full
 
+bench-first-batch: $(VENV)/.stamp-all  ## the first batch's wait and the epoch's time, the default against placement=None, 1 and 2 gloo ranks (about 4 min)
+	$(BIN)/python -m paper_repro.bench_first_batch
+
 bench-defaults: $(VENV)/.stamp-all  ## the default configuration at the 80 committed grid points against the targets, beside the opt-ins and peers (from the committed run; --run reruns it, hours)
 	$(BIN)/python -m paper_repro.defaults_grid
 
