@@ -8,10 +8,10 @@ Legend
     lag       collectives between a batch's forming and its release: 2 (formed in round r, counts posted in
               r + 1's header) or 3 with the exchange (placed after r + 1, counts posted in r + 2's)
 
-The user chooses it with one setting, ``placement=``: None (the default), `Pooled` or `Exchanged` (values,
-compared across ranks).  Each pass then holds one stage, chosen once by the header layout (`stage_for`):
+The user chooses it with one setting, ``placement=``: ``"auto"`` (the default: `resolve_placement`, the exchange
+on two ranks or more where it can run), None, `Pooled` or `Exchanged` (values, compared across ranks as resolved).  Each pass then holds one stage, chosen once by the header layout (`stage_for`):
 
-    `OwnStage`       the default: batch k runs on the rank that formed it, at step k of the round.
+    `OwnStage`       ``placement=None``: batch k runs on the rank that formed it, at step k of the round.
     `PoolStage`      `Pooled(G)`, pooled windows (G > 1): the G ranks of a pool run one window of G W samples as
                  replicas of one core (dealt sharding deals to the P pools; each rank preprocesses every sample
                  of its pool; no sample moves between processes).  Pool batch k goes to lane ``k mod G`` as its
@@ -161,7 +161,7 @@ class Release(NamedTuple):
 
 
 class OwnStage:
-    """The default: every batch runs where it was formed (module docstring)."""
+    """``placement=None``: every batch runs where it was formed (module docstring)."""
 
     lanes = 1
     own_lane = 0   # the lane whose batches count a step's global figures once (`RankCore._hand`)
