@@ -39,3 +39,15 @@ def test_the_mutants_a_hypothesis_property_tests_are_found_by_their_decorator():
     names = {m.name for m in hypothesis_mutants()}
     assert {"array_pack_budget_rounded", "many_groups_fill_reordered", "packed_one_token_over"} <= names
     assert not names & {"stub_never_appended", "header_st_from_live_quit"}  # their tests draw nothing
+
+
+def test_every_parametrized_test_a_mutant_names_is_collected_under_that_id():
+    # a renamed parameter leaves a mutant naming a case that no longer exists: pytest then runs nothing
+    import subprocess
+
+    ids = sorted({t for m in MUTANTS for t in m.tests if "[" in t})
+    files = sorted({t.partition("::")[0] for t in ids})
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    collected = set(out.split())
+    assert ids and [t for t in ids if t not in collected] == []

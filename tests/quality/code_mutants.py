@@ -474,7 +474,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
     # -- the simulation is the runtime's core ------------------------------------------------------------------
     CodeMutant("sim_lead_differs", "odb/core/sim.py", "first_lead(self.layout.window, self.aheads)",
                "first_lead(self.layout.window + 1, self.aheads)",
-               ("tests/test_differential.py::test_the_loader_on_gloo_ranks_emits_the_simulations_batches[dealt-pad-8-2]",),
+               ("tests/test_differential.py::test_the_loader_on_gloo_ranks_emits_the_simulations_batches[dealt-pad-8-auto-2]",),
                "the simulation deals its first window with another lead than the runtime"),
     CodeMutant("checker_skips_summaries", "proofs/conformance/check.py",
                'if coll["summaries"] != summaries:', "if False:",
