@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = ap.parse_args(argv)
-    res = run(a.windows, a.worlds, a.ms, a.windows_per_epoch, a.repeats)
+    from .provenance import stamp
+
+    res = {**run(a.windows, a.worlds, a.ms, a.windows_per_epoch, a.repeats), "provenance": stamp()}
     text = lines(res)
     print(f"{res['date']}, {res['ms']} ms a sample, 1-min load average {res['load_average_1min']:.1f} on "
           f"{res['cpus']} CPUs at the end\n")
