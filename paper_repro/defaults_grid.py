@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="with --run: at most this many points")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--file", help="the JSON to read and extend (default: the newest defaults_grid_*.json)")
+    ap.add_argument("--md", action="store_true", help="also write the report beside the JSON (--run does)")
     a = ap.parse_args(argv)
     import glob
 
@@ -194,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     lines = report(res, a.results)
     print("\n".join(lines))
-    if a.run:
+    if a.run or a.md:
         md = (path or _path(a.results, "json"))[:-len(".json")] + ".md"
         st = res["stamp"]
         with open(md, "w") as f:
-            f.write(f"# The default configuration at the committed grid points\n\nCommand: `python -m "
-                    f"paper_repro.defaults_grid --run`; {time.strftime('%Y-%m-%d')}; commit {str(st['commit'])[:10]}"
+            f.write(f"# The default configuration at the committed grid points\n\nCommand: "
+                    f"{res.get('command', '`python -m paper_repro.defaults_grid --run`')}; {time.strftime('%Y-%m-%d')}; "
+                    f"commit {str(st['commit'])[:10]}"
                     f"{' (dirty)' if st['dirty'] else ''}; {sum(r['sim_s'] for r in res['rows'].values()):.0f} s of "
                     "simulation on one core.\n\n" + "\n".join(lines) + "\n")
     return 0

@@ -356,7 +356,7 @@ def write_all(outdir: str, runs: list[dict], sim: dict, full: bool, elapsed_s: f
                  f"{scale['grid']['per_rank']} samples per rank, every method's exact batches through the step-time "
                  "model; the issue's targets for ODB (dealt, placement=None) at N >= 64:", "",
                  *scale_grid.target_lines(scale)]
-    summ += defaults_section(outdir)
+    summ += defaults_section(outdir) + first_batch_section(outdir)
     with open(os.path.join(outdir, "SUMMARY.md"), "w") as f:
         f.write("\n".join(summ) + "\n")
 
@@ -376,6 +376,24 @@ def defaults_section(outdir: str) -> list[str]:
     md = os.path.basename(files[-1])[:-len(".json")] + ".md"
     return ["", f"## The default configuration at the grid points ([{md}]({md}))", "",
             *defaults_grid.report(res, outdir)]
+
+
+def first_batch_section(outdir: str) -> list[str]:
+    """SUMMARY.md's section on the first batch's wait (`paper_repro.bench_first_batch`, its newest committed run)."""
+    import glob
+
+    from . import bench_first_batch
+
+    files = sorted(glob.glob(os.path.join(outdir, "first_batch_*.json")))
+    if not files:
+        return []
+    with open(files[-1]) as f:
+        res = json.load(f)
+    name = os.path.basename(files[-1])
+    return ["", f"## The first batch's wait, the default against placement=None (`{name}`)", "",
+            f"`python -m paper_repro.bench_first_batch` (`make bench-first-batch`), {res['date']}, {res['ms']} ms of "
+            "preprocessing a sample, 6 windows a rank, the median of 3 alternating passes, 1-min load average "
+            f"{res['load_average_1min']:.1f}:", "", *bench_first_batch.lines(res)]
 
 
 def _odb_vs_gmt_one_epoch(run, prices) -> dict | None:

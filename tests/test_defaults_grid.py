@@ -52,3 +52,11 @@ def test_the_report_tallies_the_default_beside_the_opt_ins_and_names_each_miss_w
     bad["rows"][key]["steps_vs_gmt"] = 1.2
     missed = [line for line in dg.report(bad) if line.startswith(f"- {key}:")]
     assert len(missed) == 1 and "straggler 0.500 (its ceiling" in missed[0] and "steps 1.200 x GMT's" in missed[0]
+
+
+def test_the_committed_summary_holds_the_sections_its_generator_writes_from_the_committed_runs():
+    from paper_repro.report import defaults_section, first_batch_section
+
+    summary = open(os.path.join(RESULTS, "SUMMARY.md")).read()
+    for section in (defaults_section(RESULTS), first_batch_section(RESULTS)):
+        assert section and "\n".join(section) in summary
