@@ -78,6 +78,7 @@ class DealtConfig:
     mode: int = 0
     policy: str = "whole"
     values: tuple[int, ...] = (DROP, 1)
+    W0: int | None = None  # the first round's window (None: W)
 
     @property
     def n(self) -> int:
@@ -85,7 +86,8 @@ class DealtConfig:
 
     def __str__(self) -> str:
         vals = ",".join("drop" if v == DROP else str(v) for v in self.values)
-        return f"N={self.n}, P={self.total}, W={self.W}, aheads={list(self.aheads)}, {self.policy}, values {{{vals}}}"
+        w0 = "" if self.W0 is None else f", W0={self.W0}"
+        return f"N={self.n}, P={self.total}, W={self.W}{w0}, aheads={list(self.aheads)}, {self.policy}, values {{{vals}}}"
 
 
 class Replicas:
@@ -219,7 +221,7 @@ class DealtModel:
 
     def __init__(self, cfg: DealtConfig, table: Table = DGAP):
         self.c, self.table = cfg, table
-        self.cfg = {"W": cfg.W, "mode": cfg.mode, "header_len": 1, "xchg": 0}
+        self.cfg = {"W": cfg.W, "W0": cfg.W if cfg.W0 is None else cfg.W0, "mode": cfg.mode, "header_len": 1, "xchg": 0}
         self.rep = Replicas(self.order_cls, cfg.total, cfg.n)
         self._init_local = tuple(machine.initial_local(table, self.cfg)[f] for f in table.field_names)
         self._fields = table.field_names

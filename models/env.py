@@ -108,10 +108,11 @@ class Model:
     :param quits: how many ranks may stop (``quit``) in one run (0: none).
     """
 
-    def __init__(self, table: Table = DGAP, *, W: int, mode: int, header_len: int = 1, quits: int = 0, xchg: int = 0):
+    def __init__(self, table: Table = DGAP, *, W: int, mode: int, header_len: int = 1, quits: int = 0, xchg: int = 0,
+                 W0: int | None = None):
         self.table = table
         self.quits = quits
-        self.cfg = {"W": W, "mode": mode, "header_len": header_len, "xchg": xchg}
+        self.cfg = {"W": W, "W0": W if W0 is None else W0, "mode": mode, "header_len": header_len, "xchg": xchg}
         self._fields = table.field_names
         self._init_local = machine.initial_local(table, self.cfg)
 

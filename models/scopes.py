@@ -23,6 +23,7 @@ class Scope:
         confluence is checked only when ``quits == 0`` (a quit is an environment
         choice, not a policy choice, so it may change the outcome).
     :param xchg: the table's cfg ``xchg``: 1 runs the round exchange's flush round at the pass's end.
+    :param w0: the table's cfg ``W0``, the first round's window (None: ``w``, no ramp).
     :param witnesses: False for a scope too small for some ``sometimes`` witness
         (e.g. D <= 1 < W holds no carry): its witnesses are not checked there;
         `proofs.report` still requires every witness to be found in some scope.
@@ -36,10 +37,11 @@ class Scope:
     confluence_n_max: int | None = None
     witnesses: bool = True
     xchg: int = 0
+    w0: int | None = None
 
     def __str__(self) -> str:
-        return (f"N<={self.n_max}, D<={self.d_max}, W={self.w}" + (f", quits<={self.quits}" if self.quits else "")
-                + (", exchange (xchg=1)" if self.xchg else ""))
+        return (f"N<={self.n_max}, D<={self.d_max}, W={self.w}" + (f", W0={self.w0}" if self.w0 is not None else "")
+                + (f", quits<={self.quits}" if self.quits else "") + (", exchange (xchg=1)" if self.xchg else ""))
 
 
 # Sized by the explicit engine to fit `make verify` (about a minute on 2 cores); figures in proofs/REPORT.md.
@@ -55,6 +57,8 @@ CI_SCOPES = (
     Scope(n_max=3, d_max=3, w=2),
     Scope(n_max=5, d_max=2, w=2, confluence_n_max=4, xchg=1),
     Scope(n_max=3, d_max=2, w=2, quits=2, xchg=1, witnesses=False),
+    Scope(n_max=4, d_max=3, w=3, w0=1, confluence_n_max=3),
+    Scope(n_max=3, d_max=3, w=2, w0=1, quits=1, xchg=1, witnesses=False),
 )
 # `make verify-deep` (minutes, on top of CI_SCOPES): N<=10 at D<=1, N<=7 at D<=2, quits at N<=8 (D<=1) and
 # N<=5 (D<=2).  N=8 at D<=2 (~10M canonical states per mode) does not fit a shared 24 GiB machine.
@@ -80,6 +84,7 @@ class DealtScope:
     values: tuple[int, ...] = (0, 1)
     policy: str = "whole"
     modes: tuple[int, ...] = (0, 1, 2)
+    w0: int | None = None
 
     @property
     def n(self) -> int:
@@ -88,7 +93,8 @@ class DealtScope:
     def __str__(self) -> str:
         vals = ",".join("drop" if v == 0 else f"cost {v}" for v in self.values)
         p = f"P={self.totals[0]}" if len(self.totals) == 1 else f"P={self.totals[0]}..{self.totals[-1]}"
-        return (f"dealt N={self.n}, {p}, W={self.w}, aheads={list(self.aheads)}, {self.policy} ladder, "
+        w0 = "" if self.w0 is None else f", W0={self.w0}"
+        return (f"dealt N={self.n}, {p}, W={self.w}{w0}, aheads={list(self.aheads)}, {self.policy} ladder, "
                 f"values {{{vals}}}")
 
 
@@ -108,4 +114,5 @@ DEALT_SCOPES = (
     DealtScope(aheads=(0, 0), w=3, totals=(9, 10, 11), values=(1,), policy="singletons"),
     DealtScope(aheads=(0, 0, 0), w=1, totals=tuple(range(0, 9))),
     DealtScope(aheads=(0, 0, 0, 0), w=1, totals=(9,), modes=(0,)),
+    DealtScope(aheads=(0, 1), w=2, w0=1, totals=tuple(range(0, 9))),
 )

@@ -37,7 +37,8 @@ MOVED = {"pool_size": "placement=odb.Pooled(size)", "exchange": "placement=odb.E
          **{k: f"dataloader={{{k!r}: ...}}" for k in DATALOADER_KEYS[:4]}}
 
 # field -> the Shared field it is compared as (every rank must set it alike)
-COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "mode": "mode",
+COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "first_window": "first_window",
+            "mode": "mode",
             "sharding": "sharding", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
             "shuffle": "order", "seed": "order", "placement": ("lanes", "exchange", "exchange_slack")}
 # field -> why it may differ per rank
@@ -68,8 +69,10 @@ class LoaderSettings:
         batch that fits your GPU at your longest sample (``docs/getting-started.md``).  Compared.
     :ivar buffer_size: the window W: samples per rank that each round packs (default 1024, the paper's
         recipes').  Larger packs better; each rank holds at most about 3W preprocessed samples (the window,
-        the round held until the next collective, the released batches not yet taken), and the first batch
-        of a pass waits for the first W.  Compared.
+        the round held until the next collective, the released batches not yet taken).  Compared.
+    :ivar first_window: the window of a pass's first round (default 32): round r holds
+        ``min(buffer_size, first_window * 2**r)`` samples per rank, so a pass's first batch waits for a few
+        small windows, not ``buffer_size`` samples.  None: every round holds ``buffer_size``.  Compared.
     :ivar mode: "pad" (default: every rank the same steps, zero-weight fillers, every sample once), "join"
         (every sample once, ranks end at different steps; the loop runs in ``join_context``) or "quota"
         (equal steps, no fillers; stops when a rank runs dry and reports what it did not emit).  Compared.
@@ -120,6 +123,7 @@ class LoaderSettings:
     num_workers: int = 0
     dataloader: Mapping | None = None
     buffer_size: int = 1024
+    first_window: int | None = 32
     mode: str = "pad"
     cost: Any = "padded"
     policy: Any = None
@@ -142,6 +146,8 @@ class LoaderSettings:
             return isinstance(v, int) and not isinstance(v, bool)
         if not (is_int(self.buffer_size) and self.buffer_size >= 1):
             bad("buffer_size", "an int >= 1 (samples per rank per round)")
+        if self.first_window is not None and not (is_int(self.first_window) and self.first_window >= 1):
+            bad("first_window", "None or an int >= 1 (samples per rank in a pass's first round)")
         object.__setattr__(self, "placement", placement_of(self.placement))  # (the JSON form, as a value)
         if not (is_int(self.num_workers) and self.num_workers >= 0):
             bad("num_workers", "an int >= 0")
@@ -230,7 +236,8 @@ class LoaderSettings:
         return Shared(protocol=f"odb {__version__} table {DGAP.hash[:16]}", window=self.buffer_size * self.lanes,
                       mode=self.mode, sharding=sharding, header_len=header_len, policy=describe_policy(policy),
                       cost=describe_cost(cost), loss_basis=self.loss_basis, shift_labels=shift_labels,
-                      order=order, lanes=self.lanes, exchange=self.exchange, exchange_slack=self.slack_bp)
+                      order=order, lanes=self.lanes, exchange=self.exchange, exchange_slack=self.slack_bp,
+                      first_window=self.table_first_window)
 
     # -- the placement, as the core and the header read it (`odb.core.placement`) ---------
     def resolved(self, world: int, sharding: str) -> "LoaderSettings":
@@ -246,6 +253,12 @@ class LoaderSettings:
             raise ConfigError("placement='auto' is resolved per group: read lanes, exchange and slack_bp from "
                               "settings.resolved(world, sharding)")
         return self.placement
+
+    @property
+    def table_first_window(self) -> int:
+        """The table's cfg ``W0``: ``first_window`` times ``lanes`` (a pool's), at most the table's window."""
+        w = self.buffer_size * self.lanes
+        return w if self.first_window is None else min(w, self.first_window * self.lanes)
 
     @property
     def lanes(self) -> int:

@@ -96,7 +96,8 @@ def _settings(a: dict, cost) -> LoaderSettings:
     """The loader settings `a` stands for (``pool_size``, ``exchange``, ``exchange_slack`` in basis points)."""
     G, slack = a.get("pool_size", 1), a.get("exchange_slack", 0)
     placement = Exchanged(pool=G, slack=slack / 10_000) if a.get("exchange") else Pooled(G) if G > 1 else None
-    return LoaderSettings(token_budget=None, cost=cost, buffer_size=a["window"], placement=placement)
+    return LoaderSettings(token_budget=None, cost=cost, buffer_size=a["window"], placement=placement,
+                          first_window=None)  # every round a full window: the decision's cost at W
 
 
 def record(a: dict, path: str) -> dict:

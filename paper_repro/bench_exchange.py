@@ -87,7 +87,7 @@ def _rank(rank: int, world: int, store: str, out: str, spec: dict) -> None:
     for k in range(len(modes) * spec["passes"]):
         mode, settings = modes[k % len(modes)]
         loader = odb.ODBDataLoader(data, spec["budget"], _cost, buffer_size=spec["window"], sharding="dealt",
-                                   timeout_s=120, seed=k // len(modes), **settings)
+                                   timeout_s=120, seed=k // len(modes), first_window=None, **settings)
         t0 = time.perf_counter()
         costs = [0 if odb.pop_step_info(b).filler else b["cost"] for b in loader]
         wall = time.perf_counter() - t0

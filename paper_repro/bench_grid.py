@@ -108,8 +108,9 @@ def schedules(pt: Point, world: int, window: int, methods: Sequence[str], target
             rows, row_sizes = peers[name].fn(sizes, cost, world), sizes
         elif name in SIMULATED:
             policy = ReleasePolicy() if name == "release_reimpl" else default_policy()
+            # the paper's ODB: no exchange, every round a full window (the default: defaults_grid)
             setting = LoaderSettings(token_budget=None, cost=cost, buffer_size=window, policy=policy,
-                                     placement=None)  # the paper's ODB (the default exchanges: defaults_grid)
+                                     placement=None, first_window=None)
             if name == "odb_dealt":  # positions of the one global order `sizes`, dealt to the ranks as they consume them
                 sim = simulate([[] for _ in range(world)], setting, deal=sizes)
                 rows, row_sizes = sim.batches, sizes

@@ -88,7 +88,8 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
         out[m] = cs.simulate(p, world_size)
     shards = [[sizes[i] for i in range(r, n, world_size)] for r in range(world_size)]
     t0 = time.perf_counter()
-    res = simrank.simulate(shards, LoaderSettings(token_budget=None, cost=cost, buffer_size=window, placement=None))
+    res = simrank.simulate(shards, LoaderSettings(token_budget=None, cost=cost, buffer_size=window, placement=None,
+                                                              first_window=None))
     sim_s = time.perf_counter() - t0
     shard_idx = [list(range(r, n, world_size)) for r in range(world_size)]
     sched = [[None if b is None else [shard_idx[r][i] for i in b] for b in res.batches[r]] for r in range(world_size)]

@@ -13,7 +13,9 @@ it must beat (`scale_grid.BEATS`), ODB without the exchange (``placement=None``,
 opt-ins (pooled windows of 8, with the exchange, with budget balance).
 
 Writes ``results/defaults_grid_<yyyymm>.json`` after every point (a long run can stop and resume: points
-already there are kept) and the report ``defaults_grid_<yyyymm>.md``.
+already there are kept) and the report ``defaults_grid_<yyyymm>.md``.  A row records the default's
+``first_window``; rows of an earlier default (another ``first_window``) move to ``previous`` when a run starts,
+and the report compares the two where both ran (the first rounds' smaller windows against full ones).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import time
 
 from .scale_grid import BEATS, LABELS, RESULTS, TARGETS, _plan, _predicted, git
 
-__all__ = ["DEFAULT", "grid_points", "default_point", "report", "main"]
+__all__ = ["DEFAULT", "FIRST_WINDOW", "grid_points", "default_point", "report", "main"]
 
 DEFAULT = "odb_default"
+FIRST_WINDOW = 32  # the loader's default first_window (a test checks it is LoaderSettings')
 OPTINS = ("odb_dealt", "odb_pooled8", "odb_pooled8_exchange", "odb_pooled8_exchange_balanced")
-NAMES = {**{k: v for k, v in LABELS.items() if k in OPTINS}, DEFAULT: "ODB default (placement='auto')",
+NAMES = {**{k: v for k, v in LABELS.items() if k in OPTINS},
+         DEFAULT: f"ODB default (placement='auto', first_window={FIRST_WINDOW})",
          "odb_dealt": "ODB placement=None (the paper's)"}
 
 
@@ -55,8 +59,10 @@ def grid_points(results_dir: str = RESULTS) -> list[dict]:
     return sorted(in_scope(merge(files)), key=lambda r: (r["world"] * r["per_rank"], _key(r)))
 
 
-def default_point(r: dict) -> dict:
-    """The default configuration on grid point `r` (a merged row): its figures, scored as the grid scores."""
+def default_point(r: dict, **overrides) -> dict:
+    """The default configuration on grid point `r` (a merged row): its figures, scored as the grid scores.
+    `overrides`: `odb.LoaderSettings` fields set otherwise (``first_window=None``: today's default without the
+    first rounds' smaller windows)."""
     from odb import LoaderSettings
     from odb.core.sim import simulate
     from odb.plan import stepmodel as cs
@@ -68,7 +74,7 @@ def default_point(r: dict) -> dict:
     t0 = time.perf_counter()
     world, window = r["world"], r["window"]
     pt = point(r["dist"], world, r["budget"], r["cost"], r["per_rank"], 0)
-    settings = LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window)
+    settings = LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window, **overrides)
     placed = settings.resolved(world, "dealt")
     sim = simulate([[] for _ in range(world)], settings, deal=pt.sizes)
     _exactly_once(sim.batches, len(pt.sizes), f"{DEFAULT} {_key(r)}")
@@ -79,6 +85,7 @@ def default_point(r: dict) -> dict:
     r_s = cs.odb_round_latency(cs.H20_2B, world, window, lay.length)[0]
     m = {**metrics(sim.batches, pt.sizes, pt.cost), "rounds": sim.rounds,
          "placement": None if placed.placement is None else placed.placement.as_dict(),
+         "first_window": placed.first_window, "first_wait": max(w for w in sim.first_wait if w is not None),
          "moved_batches": sim.moved / max(1, sum(b is not None for row in sim.batches for b in row))}
     m["predicted"] = _predicted(_plan(sim.batches, pt.sizes, world, filler), world, collate, r_s, sim.rounds, 1)
     g = r["methods"]["gmt"]
@@ -99,6 +106,8 @@ def run(results_dir: str = RESULTS, out: str | None = None, limit: int | None = 
     if os.path.exists(out):
         with open(out) as f:
             res = json.load(f)
+    for k in [k for k, row in res["rows"].items() if row.get("first_window") != FIRST_WINDOW]:
+        res.setdefault("previous", {})[k] = res["rows"].pop(k)  # an earlier default's row
     res["stamp"] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "odb",
                                                                           "paper_repro", ":(exclude)paper_repro/results"))}
     todo = [r for r in grid_points(results_dir) if _key(r) not in res["rows"]][:limit]
@@ -171,11 +180,41 @@ def report(res: dict, results_dir: str = RESULTS) -> list[str]:
             lines.append(f"- {_key(r)}: " + "; ".join(why))
     if lines[-1].startswith("Misses"):
         lines.append("- none")
+    lines += _first_windows(res, pts)
     moved = [res["rows"][_key(r)]["moved_batches"] for r in pts]
     if moved:
         lines += ["", f"The exchange moved {min(moved):.1%}-{max(moved):.1%} of the real batches between ranks "
                       "(the price in bytes: docs/guide/scaling.md)."]
     return lines
+
+
+def _first_windows(res: dict, pts: list[dict]) -> list[str]:
+    """The default against its earlier rows with full first windows (``previous``), where both ran."""
+    prev = {k: v for k, v in res.get("previous", {}).items() if v.get("first_window") is None}
+    both = [r for r in pts if _key(r) in prev]
+    only = len(set(prev) - {_key(r) for r in pts})
+    if not prev:
+        return []
+    out = ["", f"The first rounds' smaller windows (first_window={FIRST_WINDOW}) against full ones "
+               f"(first_window=None, the same placement) at the {len(both)} points where both ran"
+           + (f"; {only} points ran with full windows only (their rows above are missing)" if only else "") + ":", ""]
+    if not both:
+        return out
+    ratio = [res["rows"][_key(r)]["predicted"]["samples_per_s"] / prev[_key(r)]["predicted"]["samples_per_s"]
+             for r in both]
+    steps = [res["rows"][_key(r)]["steps"] / prev[_key(r)]["steps"] for r in both]
+    dst = [res["rows"][_key(r)]["straggler_eff"] - prev[_key(r)]["straggler_eff"] for r in both]
+    wait = [res["rows"][_key(r)]["first_wait"] / r["window"] for r in both]
+    out += [f"- predicted throughput {min(ratio):.4f}-{max(ratio):.4f} x full windows' (within 1% at "
+            f"{sum(v >= 0.99 for v in ratio)}/{len(both)}); steps {min(steps):.4f}-{max(steps):.4f} x; straggler "
+            f"efficiency {min(dst):+.4f} to {max(dst):+.4f}",
+            f"- samples a rank reads before its first batch, in windows of the point's W: {min(wait):.3f}-{max(wait):.3f} "
+            "(with full windows at least 1: round 0 fills a whole window)"]
+    worst = min(zip(ratio, both), key=lambda x: x[0])
+    if worst[0] < 0.99:
+        out.append(f"- worst {_key(worst[1])}: {worst[0]:.4f} x (the ramp's rounds pack smaller windows; an epoch of "
+                   f"{worst[1]['per_rank']} samples a rank holds about one window of them)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -267,7 +267,7 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
     t1 = time.perf_counter()
     placement = Exchanged(pool=HOST, slack=slack / 10_000) if exchange else Pooled(HOST)
     sim = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window,
-                                                              placement=placement), deal=pt.sizes)
+                                                              placement=placement, first_window=None), deal=pt.sizes)
     rows, rounds = sim.batches, sim.rounds
     _exactly_once(rows, len(pt.sizes), f"{name} N={world} W={window}")
     plan = _plan(rows, pt.sizes, world, filler)

@@ -181,7 +181,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
     oversize, timeout_s, state (a state_dict per rank to load, or one merged state for every rank),
     save_at (step: return a state_dict taken after that step and stop; a rank whose data ends first
-    returns its final state), sharding ("auto" | "fixed" | "dealt"), exchange (bool), pool (pool_size).
+    returns its final state), sharding ("auto" | "fixed" | "dealt"), exchange (bool), pool (pool_size),
+    first_window (default the loader's).
     """
     import odb
     from odb.integrations import join_context
@@ -193,7 +194,8 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
               timeout_s=spec.get("timeout_s", 20), seed=spec.get("seed", 0),
               dataloader={"multiprocessing_context": spec.get("mp_context")}, sharding=spec.get("sharding", "auto"),
               placement=odb.Exchanged(pool=spec.get("pool", 1)) if spec.get("exchange") else
-              odb.Pooled(spec["pool"]) if spec.get("pool", 1) > 1 else None)
+              odb.Pooled(spec["pool"]) if spec.get("pool", 1) > 1 else None,
+              first_window=spec.get("first_window", odb.LoaderSettings.first_window))
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
         ds = Stream(lengths, shards[rank])

@@ -141,7 +141,7 @@ def _summary(n, exhausted, groups):
 
 
 def test_round_proposal_asks_the_policy_with_the_window_and_skips_it_when_the_round_aborts():
-    cfg = {"W": 256, "mode": MODES["pad"], "header_len": 9, "xchg": 0}
+    cfg = {"W": 256, "W0": 256, "mode": MODES["pad"], "header_len": 9, "xchg": 0}
     summaries = [_summary(256, False, 7), _summary(256, False, 7)]
     headers = [{"st": 0, "n": 256, "shape": 9}] * 2
     pol = default_policy()

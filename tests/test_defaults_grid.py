@@ -22,15 +22,18 @@ def _committed() -> dict:
         return json.load(f)
 
 
-def test_the_committed_rows_ran_the_placement_todays_default_resolves_to():
+def test_the_committed_rows_ran_the_placement_and_first_window_todays_default_resolves_to():
     from odb import LoaderSettings
 
     res = _committed()
-    assert len(res["rows"]) >= 75  # the 80 points, less at most the five costliest, if a run was cut short
+    assert dg.FIRST_WINDOW == LoaderSettings(token_budget=64).first_window
+    # the 80 points, less at most the five costliest, with today's default or (a run cut short) the earlier one's
+    assert len(set(res["rows"]) | set(res.get("previous", {}))) >= 75
     for key, m in res["rows"].items():
         world = int(key.split(" N=")[1].split()[0])
         placed = LoaderSettings(token_budget=64).resolved(world, "dealt").placement
         assert m["placement"] == (None if placed is None else placed.as_dict()), key
+        assert m["first_window"] == dg.FIRST_WINDOW and 0 < m["first_wait"], key
 
 
 @pytest.mark.slow  # one grid point (3 s)
@@ -44,7 +47,7 @@ def test_a_committed_point_is_what_todays_code_computes():
 def test_the_report_tallies_the_default_beside_the_opt_ins_and_names_each_miss_with_its_cause():
     res = _committed()
     lines = dg.report(res)
-    assert any(line.startswith("| ODB default (placement='auto') |") for line in lines)
+    assert any(line.startswith(f"| ODB default (placement='auto', first_window={dg.FIRST_WINDOW}) |") for line in lines)
     assert any(line.startswith("| ODB placement=None (the paper's) |") for line in lines)
     bad = copy.deepcopy(res)
     key = next(iter(bad["rows"]))

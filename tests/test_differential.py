@@ -37,7 +37,8 @@ def _loader_batches(rank, world_size, spec):
     data = Samples(spec.get("lengths", LENGTHS), drop=spec.get("drop", DROPS))
     loader = odb.ODBDataLoader(data, BUDGET, id_collate, buffer_size=spec["W"], mode=spec["mode"],
                                sharding=spec["sharding"], seed=5, timeout_s=60,
-                               placement=spec.get("placement", "auto"))
+                               placement=spec.get("placement", "auto"),
+                               first_window=spec.get("first_window", odb.LoaderSettings.first_window))
     out = []
     with join_context(None, loader):  # JOIN: no model collective here
         for batch in loader:
@@ -51,7 +52,8 @@ def _settings(spec):
     """The loader's settings as the simulation takes them: the placement as the loader is given it ("auto", the
     default, resolved by both alike)."""
     s = sim_settings(make_cost_model("padded", BUDGET), spec["W"], mode=spec["mode"])
-    return dataclasses.replace(s, placement=spec.get("placement", "auto"))
+    return dataclasses.replace(s, placement=spec.get("placement", "auto"),
+                               first_window=spec.get("first_window", s.first_window))
 
 
 def _simulated(world_size, spec):
@@ -89,6 +91,33 @@ def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_
         assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
 
 
+# (sharding, mode, W, placement, first_window): the first rounds' smaller windows (first_window < W), each
+# mode, both shardings, with and without the exchange
+RAMP_CASES = [("dealt", "pad", 8, "auto", 2), ("fixed", "join", 8, None, 1), ("dealt", "quota", 8, "auto", 3),
+              ("fixed", "pad", 8, "auto", 2), ("dealt", "join", 8, None, 2)]
+
+
+@pytest.mark.parametrize("sharding, mode, W, placement, first_window", RAMP_CASES)
+def test_the_first_rounds_windows_run_on_one_rank_as_simulated(sharding, mode, W, placement, first_window):
+    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement, "first_window": first_window}
+    assert [_loader_batches(0, 1, spec)] == _simulated(1, spec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("sharding, mode, W, placement, first_window", RAMP_CASES)
+def test_the_first_rounds_windows_run_on_gloo_ranks_as_simulated(tmp_path, world_size, sharding, mode, W, placement,
+                                                                  first_window):
+    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement, "first_window": first_window}
+    res = run_ranks(_loader_batches, world_size, tmp_path, args=(spec,), timeout_s=90)
+    assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
+    got, want = [r.value for r in res], _simulated(world_size, spec)
+    assert got == want
+    emitted = sorted(i for row in got for b in row if b for i in b)
+    if mode != "quota":
+        assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
+
+
 BIG = make_lengths(6500, seed=7, lo=2, hi=60)  # 2 ranks, W = 2,048: an end game of 2,402 positions (sorted)
 
 
@@ -117,11 +146,12 @@ def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simula
     monkeypatch.setattr(deal, "fill_order", spy)
     monkeypatch.setattr(deal, "level_order", spy_levels)
     order = shard_order(len(BIG), 0, 1, True, 5, 0)
-    sim = simulate([[] for _ in range(2)], _settings({"W": 2048, "mode": "pad"}),
+    # first_window=None: every round fills 2,048, so the end game starts with more than _FAST_LEFT positions left
+    sim = simulate([[] for _ in range(2)], _settings({"W": 2048, "mode": "pad", "first_window": None}),
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
     assert max(sorted_picks) >= deal._FAST_LEFT and max(levels) >= deal._FAST_LEFT
-    spec = {"sharding": "dealt", "mode": "pad", "W": 2048, "lengths": BIG, "drop": ()}
+    spec = {"sharding": "dealt", "mode": "pad", "W": 2048, "lengths": BIG, "drop": (), "first_window": None}
     res = run_ranks(_loader_batches, 2, tmp_path, args=(spec,), timeout_s=120)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
     got = [r.value for r in res]

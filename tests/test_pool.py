@@ -77,7 +77,7 @@ def test_the_table_reads_the_same_collective_inputs_from_the_pool_rows_as_from_e
     except ProtocolError:
         assert lanes > 1
         return
-    cfg = {"W": W, "mode": 0, "header_len": 1, "xchg": 0}
+    cfg = {"W": W, "W0": W, "mode": 0, "header_len": 1, "xchg": 0}
     # the pool rows as columns (what the rank core reads), every rank's one mapping each (the table's own form)
     got, raw = (machine.collective_inputs(DGAP, table_headers(r, 1), 3, cfg) for r in (pooled, rows))
     if raw["max_st"] == 0:

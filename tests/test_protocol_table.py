@@ -7,7 +7,7 @@ from odb.protocol import DGAP, FILL, WAIT, fire, initial_local, step
 from odb.protocol.expr import Field, Input, eq
 
 
-CFG = {"W": 2, "mode": 0, "header_len": 1, "xchg": 0}
+CFG = {"W": 2, "W0": 2, "mode": 0, "header_len": 1, "xchg": 0}
 
 
 def test_table_validates_and_hash_is_stable():

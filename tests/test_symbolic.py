@@ -13,7 +13,7 @@ import pytest
 
 from models.logic import Forall
 from models.properties import PROPERTIES, antecedent, by_name, f, for_mode, ph_is, witness_for
-from odb.protocol.expr import Cfg, Const, Field, Input, Let, and_, eq, gt, implies, lt, not_
+from odb.protocol.expr import Const, Field, Input, Let, and_, eq, gt, implies, lt, not_
 from odb.protocol.table import DGAP, DONE, FILL, JOIN, PAD, QUOTA, Effect, Row
 from proofs.symbolic import BOUND_FORMULA, BOUND_STATEMENT, INVARIANT, prove_all
 from proofs.symbolic.prove import falsifiability, witness_check
@@ -161,7 +161,7 @@ def test_a_stopping_rank_that_leaves_without_posting_is_caught():
 def test_a_stopping_rank_that_may_still_fetch_is_nondeterministic():
     """take_sample ignores quit: a stopping rank may fetch or post (both enabled): the invariant
     and every property still hold, and the all-N determinism query is the one that bites."""
-    bad = DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(Field("exhausted")), lt(Field("buf"), Cfg("W")),
+    bad = DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(Field("exhausted")), lt(Field("buf"), Field("cap")),
                                                      Input("src_has")))
     verdicts = {v.property: v for v in prove_all(bad, modes=(PAD,))}
     assert verdicts["inductive_invariant"].ok and verdicts["deadlock_free"].ok

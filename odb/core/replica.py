@@ -44,7 +44,7 @@ from ..batching.deal import DealtOrder, Posted, round_needs
 from ..errors import ConfigError, ProtocolError
 from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate
-from ..protocol.table import DGAP, MODES, Table
+from ..protocol.table import DGAP, Table
 from .header import REPLICATED, Header, Headers
 from .placement import lane_proposal
 from .shared import Shared
@@ -129,8 +129,7 @@ class Replicated:
         self.shared, self.world_size, self.aheads = shared, int(world_size), tuple(int(a) for a in aheads)
         self._aheads = np.array(self.aheads, dtype=np.int64)  # what `round_needs` reads every round
         self.policy, self.order, self.epoch, self.table = policy, order, int(epoch), table
-        self.cfg = {"W": shared.window, "mode": MODES[shared.mode], "header_len": shared.header_len,
-                    "xchg": int(shared.exchange)}
+        self.cfg = shared.table_cfg()
         self.round = 0            # the index of the next collective
         self.last = (0, 0)        # the previous round's (target, proposal)
 

@@ -19,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..protocol.table import MODES
+
 __all__ = ["Shared", "GATHERED", "PARAMETERS", "describe_cost", "describe_policy", "mismatches"]
 
 GATHERED = ("ahead",)  # per-rank values gathered with the check (each rank's own; not compared)
@@ -27,7 +29,7 @@ PARAMETERS = {"protocol": "the installed ODB version", "window": "buffer_size, p
               "sharding": "sharding", "header_len": "policy, buffer_size", "policy": "policy",
               "cost": "cost, token_budget", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
               "order": "shuffle, seed, len(dataset)", "lanes": "placement", "exchange": "placement",
-              "exchange_slack": "placement"}
+              "exchange_slack": "placement", "first_window": "first_window, buffer_size, placement"}
 
 
 def _crc(text: str) -> int:
@@ -50,6 +52,8 @@ class Shared:
     :param shift_labels: how label tokens are counted (the global label counts are sums of every rank's).
     :param exchange: the round exchange (`odb.core.rank`): the table's cfg ``xchg``.
     :param exchange_slack: its budget balance (`odb.batching.exchange`), basis points; the plan reads it.
+    :param first_window: the table's cfg ``W0``: the window of a pass's first round, doubling each round up to
+        `window` (``first_window`` times ``lanes``); 0: every round holds `window`.
     :param order: how the loader builds its own order (``"shuffle=True seed=0 positions=600"``), or
         "own" when each rank brings its own samples (a sampler, an IterableDataset).
     """
@@ -67,6 +71,12 @@ class Shared:
     lanes: int = 1
     exchange: bool = False
     exchange_slack: int = 0
+    first_window: int = 0
+
+    def table_cfg(self) -> dict[str, int]:
+        """The table's cfg (`odb.protocol.table`) these settings run: every rank's alike."""
+        return {"W": self.window, "W0": min(self.window, self.first_window or self.window),
+                "mode": MODES[self.mode], "header_len": self.header_len, "xchg": int(self.exchange)}
 
     def vector(self) -> list[int]:
         """One int per field (strings as CRC-32), in field order: what the construction check gathers."""

@@ -48,7 +48,9 @@ class SimResult:
     reserve (a rank topped up to its bound takes none unless it drops samples).  ``stats``: each rank's
     counters.  ``infos[rank][step]``: each released batch's `StepInfo` (``simulate(..., infos=True)``).
     ``moved``: with the exchange, the batches sent to another rank (pooled: to another pool; a move inside
-    a pool is in memory, every replica of the pool holding the pool's batches)."""
+    a pool is in memory, every replica of the pool holding the pool's batches).  ``first_wait[rank]``: the
+    samples its core had read when the rank's first batch was released (pooled with one core per pool: the
+    pool's), None if it released none: what the first batch waits for."""
 
     batches: list[list[list[int] | None]]
     rounds: int
@@ -59,6 +61,7 @@ class SimResult:
     stats: list[LoaderStats] = field(default_factory=list)
     infos: list[list] | None = None
     moved: int = 0                      # exchange: batches a core handed to another rank's
+    first_wait: list[int | None] = field(default_factory=list)
 
 
 def _measure(m) -> tuple | None:
@@ -185,7 +188,7 @@ class _Setting:
         self.shared = Shared(protocol="sim", window=w, mode=s.mode, sharding=sharding,
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(self.cost),
                              loss_basis=s.loss_basis, shift_labels=False, order="sim", lanes=s.lanes,
-                             exchange=s.exchange, exchange_slack=s.slack_bp)
+                             exchange=s.exchange, exchange_slack=s.slack_bp, first_window=s.table_first_window)
         self.keys = None if deal is None else Keys(range(len(deal)), range(len(deal)))
         # the replicas' last deal, computed once for all of them (`DealtOrder`'s shared_deals)
         self.deals: dict | None = {} if share_deals else None
@@ -252,7 +255,15 @@ def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequ
                                           for r in range(setting.pools if one else n))))
     layout = setting.layout
     out: list[list[list[int] | None]] = [[] for _ in range(n)]
-    res = SimResult(out, 0, [[] for _ in range(n)], infos=[[] for _ in range(n)] if infos else None)
+    res = SimResult(out, 0, [[] for _ in range(n)], infos=[[] for _ in range(n)] if infos else None,
+                    first_wait=[None] * n)
+    ranks_of = (lambda r: range(r * pool_size, (r + 1) * pool_size)) if one else (lambda r: (r,))  # noqa: E731
+
+    def waited(r: int) -> None:  # the samples core r had read when each of its ranks released its first batch
+        for q in ranks_of(r):
+            if res.first_wait[q] is None and out[q]:
+                res.first_wait[q] = cores[r].source.pulled
+
     ok = lambda: 0  # noqa: E731 - a simulated rank never stops on its own
     while True:
         before = [p.seconds for p in pols]
@@ -261,6 +272,8 @@ def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequ
             while not c.waiting and not c.done:
                 o = c.step(ok)
                 _take(o, r, out, res, pool_size if one else 0)
+                if o.release:
+                    waited(r)
                 if o.post is not None:
                     posts[r] = o.post
         if all(c.done for c in cores):
@@ -276,6 +289,8 @@ def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequ
         for r, c in enumerate(cores):
             o = c.collect(g)
             _take(o, r, out, res, pool_size if one else 0)
+            if o.release:
+                waited(r)
             for q, origin, b in o.send:  # the exchange: to the core that runs rank q
                 moved.setdefault(q // pool_size if one else q, {})[origin] = b
             res.moved += len(o.send)

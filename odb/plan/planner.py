@@ -92,7 +92,7 @@ class Prediction:
     steps_vs_gmt: float
     throughput_vs_gmt: float         # predicted samples/s over GMT's, through the step-time model
     throughput_vs_standard: float    # and over Standard batch 1's (per device, matched nothing)
-    first_batch_s: float | None      # one window's preprocessing (None: its time was not given)
+    first_batch_s: float | None      # the preprocessing a rank does before its first batch (None: time not given)
     window_bytes: float | None       # host memory per rank: about 3 windows of samples (None: size unknown)
     moved_share: float = 0.0         # the exchange: batches sent to another rank's pool, of all real batches
     misses: list[str] = field(default_factory=list)
@@ -224,7 +224,8 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
                 budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
                 throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
                 throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
-                first_batch_s=None if preprocess_s is None else w_samples * preprocess_s / max(1, num_workers),
+                first_batch_s=None if preprocess_s is None else
+                max((w for w in sim.first_wait if w is not None), default=0) * preprocess_s / max(1, num_workers),
                 window_bytes=None if sample_bytes is None else 3 * w_samples * sample_bytes,
                 moved_share=sim.moved / max(1, real))
             p.misses = [k for k, ok in (("straggler_efficiency", p.straggler_efficiency >= TARGETS["straggler_efficiency"]),

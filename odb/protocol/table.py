@@ -3,6 +3,8 @@
 Legend
     N       number of ranks (any N >= 1; never appears in the table)
     W       window: samples a rank holds per round, carry included (cfg ``W`` >= 1)
+    W0      the first round's window (cfg ``W0`` >= 1): a pass's round r holds at most ``cap = min(W, W0 2^r)``
+            samples, so its first batches wait for W0 samples, not W; ``W0 >= W``: every round holds W
     mode    PAD (0), JOIN (1) or QUOTA (2) (cfg ``mode``)
     xchg    1 with the round exchange (`odb.core.rank`), else 0 (cfg ``xchg``)
     round   one header collective (an all-gather of a fixed-size header), then the decided number of local batches
@@ -10,7 +12,8 @@ Legend
 One round, as every rank runs it (one row = one ``step()`` of the runtime):
 
     FILL --take_sample/see_exhausted--> FILL      ask the data source, one sample at a time
-    FILL --post_header------------------> WAIT    SYNC: post ``n = buf`` to the round's collective
+    FILL --post_header------------------> WAIT    SYNC: post ``n = buf`` (``buf = cap`` unless exhausted or
+                                                  stopping) to the round's collective
     WAIT --return_abort-----------------> DONE    some rank posted a non-zero status: every rank stops
     WAIT --return_stop------------------> DONE    the gathered headers say the epoch is over
     WAIT --return_flush-----------------> FILL    the same, with the round exchange (cfg ``xchg = 1``): one
@@ -19,7 +22,7 @@ One round, as every rank runs it (one row = one ``step()`` of the runtime):
                                                   core releases the last round's exchanged batches there
     WAIT --return_go--------------------> EMIT    target ``T`` from the gathered headers only
     EMIT --emit_group / emit_filler-----> EMIT    one local batch per step
-    EMIT --end_round--------------------> FILL
+    EMIT --end_round--------------------> FILL    the next round's cap: ``min(W, 2 cap)``
 
 Grouping is a contract, not modelled sample by sample: at ``return_go`` the rank's grouping policy picks ``use``
 (samples to emit this round, the rest is carried to the next round) within ``[real, buf]``; each ``emit_group`` picks
@@ -324,7 +327,8 @@ class Table:
 
 W = Cfg("W")
 MODE = Cfg("mode")
-ph, rd, buf, exhausted = Field("ph"), Field("rd"), Field("buf"), Field("exhausted")
+W0 = Cfg("W0")
+ph, rd, buf, exhausted, cap = Field("ph"), Field("rd"), Field("buf"), Field("exhausted"), Field("cap")
 T, nreal, nfill, pend = Field("T"), Field("nreal"), Field("nfill"), Field("pend")
 fl, XCHG = Field("fl"), Cfg("xchg")
 em, nb, kb = Field("em"), Field("nb"), Field("kb")
@@ -334,6 +338,7 @@ _FIELDS = (
     FieldSpec("rd", "int", Const(0), "round: number of header collectives this rank has completed"),
     FieldSpec("buf", "int", Const(0), "samples held: this round's window, carry included"),
     FieldSpec("exhausted", "bool", Const(False), "the data source said it is exhausted"),
+    FieldSpec("cap", "int", mn(W, W0), "this round's window: W0 in a pass's first round, doubling each round up to W"),
     FieldSpec("T", "int", Const(0), "this round's common target (batches per rank)"),
     FieldSpec("nreal", "int", Const(0), "real batches still to emit this round"),
     FieldSpec("nfill", "int", Const(0), "filler batches still to emit this round (PAD)"),
@@ -376,16 +381,16 @@ _LETS = (
 _real = mn(Let("target"), buf)  # local: real batches this rank can form this round
 
 _ROWS = (
-    Row("take_sample", FILL, and_(not_(fl), not_(exhausted), lt(buf, W), eq(Input("quit"), 0), Input("src_has")),
+    Row("take_sample", FILL, and_(not_(fl), not_(exhausted), lt(buf, cap), eq(Input("quit"), 0), Input("src_has")),
         Effect("fetch"),
         (("buf", buf + 1),), FILL,
         "the source produced a sample: add it to the window"),
-    Row("see_exhausted", FILL, and_(not_(fl), not_(exhausted), lt(buf, W), eq(Input("quit"), 0),
+    Row("see_exhausted", FILL, and_(not_(fl), not_(exhausted), lt(buf, cap), eq(Input("quit"), 0),
                                     not_(Input("src_has"))),
         Effect("fetch"),
         (("exhausted", Const(True)),), FILL,
         "the source is exhausted: remember it (a rank learns this only by asking)"),
-    Row("post_header", FILL, or_(eq(buf, W), exhausted, gt(Input("quit"), 0), fl),
+    Row("post_header", FILL, or_(eq(buf, cap), exhausted, gt(Input("quit"), 0), fl),
         Effect("post", payload=(("n", buf), ("st", Input("quit"))), shape=HEADER_SHAPE),
         (), WAIT,
         "SYNC: every rank posts its window size and status to the round's collective: full, exhausted or stopping"),
@@ -417,8 +422,8 @@ _ROWS = (
         (("nfill", nfill - 1), ("nb", nb + 1), ("kb", kb + 1)), EMIT,
         "hand one zero-weight filler batch to the trainer (PAD only)"),
     Row("end_round", EMIT, and_(eq(nreal, 0), eq(nfill, 0)), Effect("none"),
-        (("T", Const(0)),), FILL,
-        "the round's batches are out: refill the window"),
+        (("T", Const(0)), ("cap", mn(W, cap + cap))), FILL,
+        "the round's batches are out: refill the window, up to the next round's cap"),
 )
 
 DGAP = Table(
@@ -429,6 +434,6 @@ DGAP = Table(
     proposal=_PROPOSAL,
     lets=_LETS,
     rows=_ROWS,
-    cfg=(("W", "int"), ("mode", "int"), ("header_len", "int"), ("xchg", "int")),
+    cfg=(("W", "int"), ("W0", "int"), ("mode", "int"), ("header_len", "int"), ("xchg", "int")),
 )
 DGAP.validate()

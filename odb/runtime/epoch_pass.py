@@ -372,8 +372,7 @@ def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
     template = filler_template(loader, order)
     trace = None
     if s.trace_dir is not None:
-        cfg = {"W": loader.layout.window, "mode": MODES[s.mode], "header_len": loader.layout.length,
-               "xchg": int(s.exchange)}
+        cfg = loader.shared.table_cfg()
         trace = TraceWriter(trace_path(s.trace_dir, loader.loader_id, index, loader.rank), {
             "table": DGAP.hash, "cfg": cfg, "rank": loader.rank, "world_size": loader.world_size,
             "epoch": loader.epoch, "mode": s.mode, "loader": loader.loader_id, "iteration": index,

@@ -235,7 +235,7 @@ def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | No
             keep = n <= cross_check_n_max
             r = explore(n, scope.d_max, scope.w, mode, table=table, max_states=max_states,
                         round_bound=rounds_bound(mode, scope.xchg), quits=scope.quits, keep_succs=keep,
-                        xchg=scope.xchg)
+                        xchg=scope.xchg, w0=scope.w0)
             runs.append(r)
             out.runs.append(_run_figures(r))
             if keep:
@@ -268,13 +268,14 @@ def _confluence(scope: Scope, mode: int, table: Table, out: ScopeResult, n_max: 
         for kind in POLICIES:
             c = check_confluence(n, scope.d_max, scope.w, mode, kind, table=table,
                                  round_bound=rounds_bound(mode, scope.xchg), max_states=max_states,
-                                 xchg=scope.xchg)
+                                 xchg=scope.xchg, w0=scope.w0)
             states += c["states"]
             vectors += c["vectors"]
             trunc |= c["truncated"]
             bad += [(kind, n, d, o) for d, o in c["bad"].items()]
     secs = time.perf_counter() - t0
-    sc = f"N<={n_max}, D<={scope.d_max}, W={scope.w}" + (", exchange (xchg=1)" if scope.xchg else "")
+    sc = (f"N<={n_max}, D<={scope.d_max}, W={scope.w}" + (f", W0={scope.w0}" if scope.w0 is not None else "")
+          + (", exchange (xchg=1)" if scope.xchg else ""))
     if trunc:
         res, detail = "unknown", "INCOMPLETE: search truncated"
     elif bad:

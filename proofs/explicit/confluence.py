@@ -75,14 +75,14 @@ def outcomes(res: Exploration) -> dict[tuple, set]:
 
 
 def check_confluence(n: int, d_max: int, w: int, mode: int, kind: str, *, table: Table = DGAP,
-                     round_bound=None, max_states: int = 5_000_000, xchg: int = 0) -> dict:
+                     round_bound=None, max_states: int = 5_000_000, xchg: int = 0, w0: int | None = None) -> dict:
     """Explore under policy `kind`; return counts and every data vector with != 1 outcome.
 
     Result keys: ``states``, ``transitions``, ``seconds``, ``vectors`` (checked),
     ``bad`` (data vector -> outcomes, empty when confluent), ``truncated``.
     """
     res = explore(n, d_max, w, mode, table=table, policy=policy_filter(kind), round_bound=round_bound,
-                  max_states=max_states, xchg=xchg)
+                  max_states=max_states, xchg=xchg, w0=w0)
     by_vec = outcomes(res)
     expected = {tuple(sorted(v)) for v in data_vectors(n, d_max)}
     bad = {d: sorted(map(str, o)) for d, o in by_vec.items() if len(o) != 1 or "STUCK" in o}

@@ -269,7 +269,7 @@ def check_dealt_scope(scope: DealtScope, *, model_cls: type = DealtModel, table:
         runs = []
         for total in scope.totals:
             cfg = DealtConfig(total=total, aheads=scope.aheads, W=scope.w, mode=mode, policy=scope.policy,
-                              values=scope.values)
+                              values=scope.values, W0=scope.w0)
             r = explore_dealt(cfg, model_cls=model_cls, table=table, max_states=max_states)
             runs.append(r)
             out.runs.append({"scope": str(scope), "mode": MODE_NAMES[mode], "n": cfg.n, "total": total,

@@ -121,7 +121,7 @@ def _props(table: Table, mode: int, model: Model):
 
 def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symmetry: bool = True,
             max_states: int = 5_000_000, policy=None, round_bound=None, quits: int = 0,
-            keep_succs: bool = False, xchg: int = 0) -> Exploration:
+            keep_succs: bool = False, xchg: int = 0, w0: int | None = None) -> Exploration:
     """Explore every reachable state for `n` ranks (see the module docstring).
 
     Deterministic: the same arguments give the same counts and counterexamples.
@@ -135,7 +135,7 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
     `crosscheck`; they cost about as much memory as the states).
     """
     t0 = time.perf_counter()
-    model = Model(table, W=w, mode=mode, quits=quits, xchg=xchg)
+    model = Model(table, W=w, mode=mode, quits=quits, xchg=xchg, W0=w0)
     fm = FastModel(model)
     res = Exploration(mode=mode, n=n, d_max=d_max, w=w, symmetry=symmetry, quits=quits, fm=fm, model=model)
     props = _props(table, mode, model)

@@ -27,6 +27,7 @@ __all__ = ["Mutant", "MUTANTS", "by_name"]
 
 W, MODE = Cfg("W"), Cfg("mode")
 buf, x, rd, nreal, pend = Field("buf"), Field("exhausted"), Field("rd"), Field("nreal"), Field("pend")
+cap = Field("cap")
 QUIT = Input("quit")
 
 
@@ -146,7 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _let(DGAP, "hi", ite(eq(MODE, JOIN), Input("min_pos_n"), Input("max_n"))),
            "round_emits_target"),
     Mutant("fetch_without_window_guard",
-           "take_sample lacks buf < W: the window overflows and fetching races with posting",
+           "take_sample lacks buf < cap: the window overflows and fetching races with posting",
            lambda: DGAP.replace_row("take_sample", guard=and_(not_(x), eq(QUIT, 0), Input("src_has"))),
            "window_bounded"),
     Mutant("use_lower_bound_zero",
@@ -160,7 +161,7 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _updates(DGAP, "return_go", nfill=Const(0)), "round_emits_target"),
     Mutant("post_only_when_full",
            "post_header requires a full window (drops 'or x'): an exhausted rank never posts",
-           lambda: DGAP.replace_row("post_header", guard=or_(eq(buf, W), gt(QUIT, 0))), "deadlock_free"),
+           lambda: DGAP.replace_row("post_header", guard=or_(eq(buf, cap), gt(QUIT, 0))), "deadlock_free"),
     # -- aborts ----------------------------------------------------------------------------------
     Mutant("return_go_ignores_abort",
            "return_go drops 'not abort': after a stop status a rank may go on emitting while the others abort",
@@ -188,7 +189,23 @@ MUTANTS: tuple[Mutant, ...] = (
            lambda: _let(DGAP, "abort", gt(QUIT, 0)), "deadlock_free", validate=False),
     Mutant("fetch_ignores_quit",
            "take_sample drops 'quit == 0': a stopping rank may keep reading or post (two rows enabled)",
-           lambda: DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(x), lt(buf, W),
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(x), lt(buf, cap),
+                                                              Input("src_has"))),
+           "local_determinism"),
+    # -- the first rounds' smaller windows (cfg W0 < W) --------------------------------------------
+    Mutant("cap_grows_past_window",
+           "end_round doubles the cap without clamping it to W: after a few rounds a window holds more than W "
+           "samples (more than the header's fills and the host memory the docs state)",
+           lambda: _updates(DGAP, "end_round", cap=cap + cap), "window_bounded"),
+    Mutant("post_waits_for_W",
+           "post_header waits for a window of W instead of the round's cap: a rank whose cap is below W can "
+           "neither fetch nor post",
+           lambda: DGAP.replace_row("post_header", guard=or_(eq(buf, W), x, gt(QUIT, 0), Field("fl"))),
+           "deadlock_free"),
+    Mutant("fetch_up_to_W",
+           "take_sample fills up to W instead of the round's cap: at the cap a rank may fetch or post (two rows "
+           "enabled), so the window a rank posts depends on timing",
+           lambda: DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(x), lt(buf, W), eq(QUIT, 0),
                                                               Input("src_has"))),
            "local_determinism"),
     # -- one per property that no mutant above is expected to kill -----------------------------

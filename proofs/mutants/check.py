@@ -42,9 +42,10 @@ __all__ = ["MUTANT_SCOPES", "KILL", "MutantResult", "check_mutant", "check_all",
            "lost_witnesses"]
 
 # Two ranks suffice for every mutant's counterexample; D > W exercises a full window with data left;
-# quits=1 lets one rank stop at any point (the abort rows); xchg=1 runs the round exchange's flush round.
+# quits=1 lets one rank stop at any point (the abort rows); xchg=1 runs the round exchange's flush round;
+# W0=1 < W runs the first rounds' smaller windows (a cap of 1, then 2; D = 5: a carry into a third round).
 MUTANT_SCOPES = (Scope(n_max=2, d_max=1, w=2, quits=1), Scope(n_max=2, d_max=3, w=2),
-                 Scope(n_max=2, d_max=2, w=2, xchg=1))
+                 Scope(n_max=2, d_max=2, w=2, xchg=1), Scope(n_max=2, d_max=5, w=2, w0=1))
 KILL = "failed"  # the only verdict result that counts as a kill
 
 

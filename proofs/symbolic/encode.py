@@ -153,6 +153,8 @@ class Encoder:
         self.background = [self.N >= 1, self.cfg["W"] >= 1]
         if mode is not None:
             self.background.append(self.cfg["mode"] == mode)
+        if "W0" in self.cfg:  # the first round's window: any positive int (W0 >= W: no ramp)
+            self.background.append(self.cfg["W0"] >= 1)
         if "xchg" in self.cfg:  # the round exchange: off (0) or on (1)
             self.background.append(z3.Or(self.cfg["xchg"] == 0, self.cfg["xchg"] == 1))
 

@@ -123,10 +123,10 @@ INVARIANT: tuple[Conjunct, ...] = (
         implies(eq(f("posted"), 0), eq(f("pst"), 0)))),
         "the stop status is 0 or 1 and never reverts; a posted status is 0 or the rank's own 1"),
     Conjunct("wait_full_or_exhausted", every(implies(at(WAIT), and_(
-        implies(eq(f("posted"), 1), or_(eq(f("buf"), W), f("exhausted"), gt(f("pst"), 0))),
-        implies(and_(eq(f("posted"), 0), not_(ABORT)), or_(eq(f("buf"), W), f("exhausted")))))),
-        "a rank posts a full window, an exhausted one, or a stop; a round without a stop had only "
-        "full or exhausted windows"),
+        implies(eq(f("posted"), 1), or_(eq(f("buf"), f("cap")), f("exhausted"), gt(f("pst"), 0))),
+        implies(and_(eq(f("posted"), 0), not_(ABORT)), or_(eq(f("buf"), f("cap")), f("exhausted")))))),
+        "a rank posts a full window (its round's cap), an exhausted one, or a stop; a round without a stop had "
+        "only full or exhausted windows"),
     # -- the decision ---------------------------------------------------------
     Conjunct("mailbox_proposal", implies(ge(K, 1), and_(ge(PROPOSAL, 1), le(PROPOSAL, W))),
              "the last proposal is within the table's bounds"),
@@ -158,7 +158,7 @@ INVARIANT: tuple[Conjunct, ...] = (
     Conjunct("flush_after_stop", every(implies(and_(pending(), not_(f("fl"))), ge(K, 1))),
              "a pending rank has a completed collective to return from"),
     Conjunct("flush_windows", every(implies(f("fl"), and_(
-        or_(eq(f("buf"), W), f("exhausted"), gt(f("qt"), 0)),
+        or_(eq(f("buf"), f("cap")), f("exhausted"), gt(f("qt"), 0)),
         implies(ne(MODE, QUOTA), eq(f("buf"), 0))))),
         "in the flush round a window is as it was posted at the stop: full or exhausted (or stopping), and "
         "empty unless quota"),
@@ -191,8 +191,10 @@ INVARIANT: tuple[Conjunct, ...] = (
              "pad, quota: every rank has emitted the same batches in every finished round",
              modes=(PAD, QUOTA)),
     # -- samples --------------------------------------------------------------
-    Conjunct("window", every(and_(ge(f("buf"), 0), le(f("buf"), W), ge(f("pend"), 0), le(f("pend"), f("buf")))),
-             "0 <= pend <= buf <= W"),
+    Conjunct("window", every(and_(ge(f("buf"), 0), le(f("buf"), f("cap")), ge(f("pend"), 0), le(f("pend"), f("buf")))),
+             "0 <= pend <= buf <= cap"),
+    Conjunct("cap", every(and_(ge(f("cap"), 1), le(f("cap"), W))),
+             "1 <= cap <= W: the round's window is never empty nor above W"),
     Conjunct("source", every(and_(ge(f("src"), 0), implies(f("exhausted"), eq(f("src"), 0)))),
              "a source never goes negative and is empty once it said so"),
     Conjunct("accounting", every(eq(f("em") + f("buf") + f("src"), f("d"))), "emitted + held + left = shard"),

@@ -604,6 +604,26 @@ MUTANTS: tuple[CodeMutant, ...] = (
                ("tests/test_default_placement.py", "tests/test_differential.py"),
                "the loader resolves as if alone: no exchange by default, and the simulation of the same settings "
                "disagrees with it"),
+    # -- the first rounds' smaller windows (first_window: the table's cfg W0) -----------------------------------------
+    CodeMutant("first_window_not_run", "odb/core/shared.py",
+               '"W0": min(self.window, self.first_window or self.window)', '"W0": self.window',
+               ("tests/test_first_window.py",),
+               "the setting is compared but the table never gets it: every first batch waits for a whole window"),
+    CodeMutant("first_window_per_lane", "odb/settings.py",
+               "return w if self.first_window is None else min(w, self.first_window * self.lanes)",
+               "return w if self.first_window is None else min(w, self.first_window)",
+               ("tests/test_first_window.py",),
+               "a pool's first window is one rank's: its G lanes start with first_window / G samples each"),
+    CodeMutant("first_window_not_compared", "odb/settings.py",
+               "                      first_window=self.table_first_window)",
+               "                      first_window=0)",
+               ("tests/test_first_window.py",),
+               "the construction check does not see first_window: ranks that set it differently run other tables"),
+    CodeMutant("first_wait_counts_the_next_read", "odb/core/sim.py",
+               "                res.first_wait[q] = cores[r].source.pulled",
+               "                res.first_wait[q] = cores[r].source.pulled + 1",
+               ("tests/test_first_window.py",),
+               "the simulation's first-batch wait (the planner's first_batch_s) counts one sample too many"),
     # -- pooled windows (odb.core.placement) --------------------------------------------------------------------------
     CodeMutant("pool_ignores_a_lanes_stop", "odb/core/placement.py", 'st = a[:, :, rows.layout.index["st"]].max(axis=1)', 'st = a[:, 0, rows.layout.index["st"]]',
                (P + "test_pool_rows_take_lane_zero_with_the_largest_status_of_the_pool",),
@@ -919,7 +939,7 @@ MUTANTS: tuple[CodeMutant, ...] = (
                "the checker recomputes the plan without the run's slack: a budget-balanced run is reported "
                "non-conformant (and a run that ignored its slack would pass a check that shares the bug)"),
     CodeMutant("settings_slack_not_compared", "odb/settings.py",
-               "exchange=self.exchange, exchange_slack=self.slack_bp)", "exchange=self.exchange)",
+               "exchange=self.exchange, exchange_slack=self.slack_bp,", "exchange=self.exchange,",
                (E + "test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_bring_their_own_samples",),
                "ranks with different slacks pass the construction check and plan differently: batches lost and "
                "repeated"),
