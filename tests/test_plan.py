@@ -203,3 +203,17 @@ def test_probe_loads_a_saved_transformers_model_from_its_folder_without_the_netw
     assert len(res.seconds) == 3 and all(s > 0 for s in res.seconds)
     with pytest.raises(odb.ConfigError, match="ModuleNotFoundError"):
         load_model("no_such_module_odb:build")
+
+
+
+def test_the_first_batchs_wait_is_the_samples_a_rank_reads_before_it_times_the_preprocessing():
+    """`first_batch_s`: the simulated rank's reads before its first batch (`SimResult.first_wait`, checked against a
+    real loader in tests/test_first_window.py) times one sample's preprocessing, over the workers: at most the
+    first two rounds' windows (32 + 64), three with the exchange (its batches run a round later)."""
+    rep = plan(LENGTHS, world_size=2, budgets=[256], windows=[64, 256], preprocess_s=0.002, num_workers=2)
+    assert len(rep.predictions) == 4
+    for p in rep.predictions:
+        reads = p.first_batch_s / 0.002 * 2
+        assert reads == pytest.approx(round(reads)) and 32 <= round(reads)
+        most = 32 + 64 + (128 if p.candidate.exchange else 0)
+        assert round(reads) <= min(most, 2 * p.candidate.buffer_size + p.candidate.exchange * p.candidate.buffer_size)
