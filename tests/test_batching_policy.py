@@ -695,3 +695,13 @@ def test_the_longest_first_order_is_the_stable_reversed_sort(vals, ints_only, pa
     assert _longest_first(vals) == sorted(range(len(vals)), key=vals.__getitem__, reverse=True)
     big = [2 ** 53 + 1, float(2 ** 53)] * 40  # as float64 the two tie; Python orders them
     assert _longest_first(big) == sorted(range(len(big)), key=big.__getitem__, reverse=True)
+
+
+def test_the_array_packing_checks_the_budgets_resource_itself_when_it_is_not_the_tokens():
+    """A padded budget on a second resource (tokens first): the resource's lengths times the window past 2^53 leave
+    the window to the reference, while the tokens are small (the guard reads the resource, not only the tokens)."""
+    # budget 2^50: 16 samples of 2^46 fill a group exactly, so only the guard can refuse the window
+    cost = BudgetCost(name="padded", resources=(Resource(name="pixels", index=1, kind="padded", budget=2 ** 50),))
+    window = [(100, 2 ** 46)] * 200
+    assert policy_module._padded_window(window, cost, 1 / 24576) is None
+    assert _window_orders(window, cost, 1 / 24576, True) == _window_orders(window, cost, 1 / 24576, False)

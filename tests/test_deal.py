@@ -504,3 +504,49 @@ def test_a_rank_reads_the_keys_of_its_parts_in_the_order_dealt():
     got = o.deal([4, 4, 4], [4 * COST_SCALE] * 3, [0, 0, 0], [0, 0, 0], need=[6, 6, 6])
     assert got == [(p, perm[p]) for p in range(18, 24)]  # rank 0 was topped up with 12..17 before it
     assert o.keys == [(p, perm[p]) for p in (1, 4, 7, 10, *range(18, 24))]
+
+
+def test_the_levels_refuse_phases_closer_than_their_error_bound_and_no_further():
+    """The guard's margin ``M = (4 K + 16) u V`` at its edge (K the most steps a rank takes: the last level and two
+    more): two starts whose phases lie just inside M are refused, twice M apart they are ordered.  Two ranks,
+    ``left`` 1,000: the last level L = 500, K = 502, V = 2 |v|max + (K + 2) mu."""
+    from odb.batching.deal import _U
+
+    mu, left = 1.0, 1000
+    K = 500 + 2
+    for eps_in_m, want_none in ((0.999, True), (2.0, False)):
+        m = (4 * K + 16) * _U * (2 * 0.0 + (K + 2) * mu)  # V: the starts are tiny, so the steps' mu dominate
+        eps = eps_in_m * m
+        lv = level_order([0.0, eps], mu, left)
+        assert (lv is None) == want_none, (eps_in_m, lv)
+
+
+def test_a_deal_of_more_ranks_than_small_ints_reads_every_rank():
+    """`round_needs` at 300 ranks (lengths past CPython's cached small ints compare by value, not identity)."""
+    from odb.batching.deal import Posted, intake_ladder, round_needs
+
+    n, lad = 300, len(intake_ladder(8))
+    need = round_needs(8, 2, Posted([8] * n, [[0] * lad] * n), [0] * n)
+    assert len(need) == n and len(set(need)) == 1 and need[0] >= 1
+
+
+def test_the_sort_agrees_with_the_heap_where_one_rank_is_far_below_the_rest():
+    """The ragged branch of `fill_order` (one rank's run of estimates much longer than the others': a row each,
+    not one block) picks what the heap picks."""
+    import numpy as np
+
+    start, ranks, mu, left = [0.0, 2000.0] + [1e5] * 14, list(range(16)), 1.0, 3000  # ranks 0 and 1 take all
+    got = fill_order(start, ranks, mu, left, fast_from=0)
+    assert isinstance(got, np.ndarray)  # the sort answered (the heap would give a list)
+    assert list(map(int, got)) == heap_order(start, ranks, mu, left)
+
+
+def test_a_samples_header_cost_is_its_resources_share_of_the_budget():
+    """`sample_cost`: tokens x COST_SCALE / budget, rounded; a sample without the budget's resource costs 0."""
+    from odb.batching import make_cost_model
+    from odb.batching.cost import BudgetCost, Resource
+    from odb.batching.deal import sample_cost
+
+    assert sample_cost(make_cost_model("padded", 4000))((1000,)) == COST_SCALE // 4
+    pixels = BudgetCost(name="padded", resources=(Resource(name="pixels", index=1, kind="padded", budget=100),))
+    assert sample_cost(pixels)((7, 30)) == round(0.3 * COST_SCALE) and sample_cost(pixels)((7,)) == 0
