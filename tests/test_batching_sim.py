@@ -260,3 +260,14 @@ def test_the_time_a_simulation_spends_in_the_policy_is_within_its_wall_time():
     res = simulate(sizes, sim_settings(make_cost_model("padded", 4096), 32))
     wall = time.perf_counter() - t0
     assert len(res.decision_s) == 3 * res.rounds and 0 < sum(res.decision_s) <= wall
+
+
+def test_every_rank_of_every_pool_has_its_first_batchs_wait():
+    """Pooled windows simulated with one core per pool: `first_wait` is set for each lane of each pool, the pool's."""
+    from odb import LoaderSettings, Pooled
+
+    order = [((x,), x - 1) for (x,) in sample_lengths("sharegpt4o", 4 * 64, seed=3)]
+    res = simulate([[] for _ in range(4)], LoaderSettings(token_budget=4096, buffer_size=16, placement=Pooled(2)),
+                   deal=order)
+    assert None not in res.first_wait
+    assert res.first_wait[0] == res.first_wait[1] and res.first_wait[2] == res.first_wait[3]

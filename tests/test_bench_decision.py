@@ -185,3 +185,15 @@ def test_decision_at_scale_with_the_exchange_end_to_end_on_a_small_point():
     cut = decision_at_scale(world=8, window=8, budget=4096, per_rank=64, rounds=3, passes=2, pool_size=2, rank=3,
                             exchange=True)  # the third round's moves are recorded although the recording stops
     assert cut["rounds"] == 3 and cut["samples"] == 6
+
+
+def test_a_replays_times_are_parts_of_its_wall_time():
+    """Each figure `replay_rank` returns is a duration inside the replay: never more than its wall time."""
+    import time
+
+    sizes, cost, posts, _ = _record()
+    t0 = time.perf_counter()
+    got = replay_rank(1, _rounds(posts, 1), [[] for _ in range(4)], sim_settings(cost, 16), deal=sizes)
+    wall = time.perf_counter() - t0
+    for key in got[0]:
+        assert 0 <= sum(row[key] for row in got) <= wall, key

@@ -511,3 +511,23 @@ def test_a_rank_that_saw_no_sample_within_the_budget_asks_for_its_filler_while_i
                 fillers += b.samples if b.filler else []
             cores[1].collect(reduce_posts(posts))
     assert fillers and all(s == {"cut": True} for s in fillers) and asked == [None]
+
+
+def test_captured_values_are_described_by_type_and_content_and_a_bad_placement_kind_is_refused():
+    """Holes a cosmic-ray sample of odb/core found: the text of an object and of a dict a policy holds, and a
+    placement mapping of an unknown kind."""
+    from odb.core.placement import placement_of
+    from odb.core.shared import _canon
+    from odb.errors import ConfigError
+
+    class Knob:
+        def __repr__(self):
+            return "Knob(3)"
+
+    assert _canon(Knob()) == "test_captured_values_are_described_by_type_and_content_and_a_bad_placement_kind_is_" \
+                             "refused.<locals>.Knob Knob(3)"
+    assert _canon(object()) == "object"  # an address in its repr: the type only
+    assert _canon({"b": 2, "a": (1,)}) == "dict['a': (1,), 'b': 2]"  # plain values as their repr
+    for kind in ("bogus", "auto", "Exchanged"):
+        with pytest.raises(ConfigError, match="placement="):
+            placement_of({"kind": kind, "pool": 1})

@@ -277,8 +277,8 @@ class _BrokenPartition(odb.batching.BalancedPolicy):
 def test_a_policy_breaking_its_contract_raises_and_the_rank_stops_through_the_table(tmp_path):
     with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8, policy=_BrokenPartition(),
                            trace_dir=str(tmp_path)) as loader:
-        with pytest.raises(odb.ProtocolError, match="broke the partition contract"):
-            ids_of(loader)
+        with pytest.raises(odb.ProtocolError, match="broke the partition contract in round 1 on rank 0"):
+            ids_of(loader)  # its second partition: the collect of round 1
     assert not odb_threads()
     rows = assert_conformant(str(tmp_path), allow_abort=True)
     assert rows["return_abort"] == 1 and "return_stop" not in rows
