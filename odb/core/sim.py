@@ -50,7 +50,8 @@ class SimResult:
     ``moved``: with the exchange, the batches sent to another rank (pooled: to another pool; a move inside
     a pool is in memory, every replica of the pool holding the pool's batches).  ``first_wait[rank]``: the
     samples its core had read when the rank's first batch was released (pooled with one core per pool: the
-    pool's), None if it released none: what the first batch waits for."""
+    pool's), None if it released none: what the first batch waits for.  ``undealt``: dealt sharding, the positions
+    no rank was dealt when the pass ended (QUOTA's early stop; counted once, in ``unemitted[0]``)."""
 
     batches: list[list[list[int] | None]]
     rounds: int
@@ -62,6 +63,7 @@ class SimResult:
     infos: list[list] | None = None
     moved: int = 0                      # exchange: batches a core handed to another rank's
     first_wait: list[int | None] = field(default_factory=list)
+    undealt: list[int] = field(default_factory=list)
 
 
 def _measure(m) -> tuple | None:
@@ -307,6 +309,7 @@ def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequ
         res.unemitted[r] = list(c.stats.unemitted_indices)  # (pooled: PAD, nothing unemitted)
         res.stats.append(c.stats)
         res.reserve_taken.append(orders[r].reserve_taken if orders[r] is not None else 0)
+    res.undealt = list(orders[0].undealt()) if orders[0] is not None else []
     return res
 
 
