@@ -110,7 +110,7 @@ def run(windows=(256, 1024), worlds=(1, 2), ms: float = 2.0, windows_per_epoch: 
                              "first_batch_s": statistics.median(r["first_batch_s"] for r in mine),
                              "epoch_s": statistics.median(r["epoch_s"] for r in mine), "steps": mine[0]["steps"],
                              "samples_per_rank": windows_per_epoch * window})
-    return {"ms": ms, "targets": TARGETS, "rows": rows, "date": time.strftime("%Y-%m-%d"),
+    return {"ms": ms, "targets": TARGETS, "rows": rows, "date": time.strftime("%Y-%m-%d"), "repeats": repeats,
             "load_average_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
 
 

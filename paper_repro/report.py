@@ -392,7 +392,7 @@ def first_batch_section(outdir: str) -> list[str]:
     name = os.path.basename(files[-1])
     return ["", f"## The first batch's wait: the default, full first windows, the paper's loader (`{name}`)", "",
             f"`python -m paper_repro.bench_first_batch` (`make bench-first-batch`), {res['date']}, {res['ms']} ms of "
-            "preprocessing a sample, 6 windows a rank, the median of 3 alternating passes, 1-min load average "
+            f"preprocessing a sample, 6 windows a rank, the median of {res.get('repeats', 3)} alternating passes, 1-min load average "
             f"{res['load_average_1min']:.1f}:", "", *bench_first_batch.lines(res)]
 
 
