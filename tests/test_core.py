@@ -528,6 +528,10 @@ def test_captured_values_are_described_by_type_and_content_and_a_bad_placement_k
                              "refused.<locals>.Knob Knob(3)"
     assert _canon(object()) == "object"  # an address in its repr: the type only
     assert _canon({"b": 2, "a": (1,)}) == "dict['a': (1,), 'b': 2]"  # plain values as their repr
+    deep = {"k": 0}
+    for _ in range(8):
+        deep = {"k": deep}
+    assert _canon(deep) == "dict['k': " * 6 + "dict[...: ...]" + "]" * 6  # past depth 6 cut, in a dict too
     for kind in ("bogus", "auto", "Exchanged"):
         with pytest.raises(ConfigError, match="placement="):
             placement_of({"kind": kind, "pool": 1})
