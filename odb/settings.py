@@ -37,9 +37,9 @@ MOVED = {"pool_size": "placement=odb.Pooled(size)", "exchange": "placement=odb.E
          **{k: f"dataloader={{{k!r}: ...}}" for k in DATALOADER_KEYS[:4]}}
 
 # field -> the Shared field it is compared as (every rank must set it alike)
-COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window", "first_window": "first_window",
-            "mode": "mode",
-            "sharding": "sharding", "loss_basis": "loss_basis", "shift_labels": "shift_labels",
+COMPARED = {"token_budget": "cost", "cost": "cost", "policy": "policy", "buffer_size": "window",
+            "first_window": "first_window", "mode": "mode", "sharding": "sharding", "loss_basis": "loss_basis",
+            "shift_labels": "shift_labels",
             "shuffle": "order", "seed": "order", "placement": ("lanes", "exchange", "exchange_slack")}
 # field -> why it may differ per rank
 RANK_LOCAL = {

@@ -81,13 +81,17 @@ def test_the_loader_on_one_rank_emits_the_simulations_batches(sharding, mode, W,
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("sharding, mode, W, placement", CASES)
 def test_the_loader_on_gloo_ranks_emits_the_simulations_batches(tmp_path, world_size, sharding, mode, W, placement):
-    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement}
+    _gloo_ranks_as_simulated(tmp_path, world_size, {"sharding": sharding, "mode": mode, "W": W, "placement": placement})
+
+
+def _gloo_ranks_as_simulated(tmp_path, world_size, spec):
+    """The loader on `world_size` gloo ranks emits the simulation's batches; every sample once (but QUOTA)."""
     res = run_ranks(_loader_batches, world_size, tmp_path, args=(spec,), timeout_s=90)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
     got, want = [r.value for r in res], _simulated(world_size, spec)
     assert got == want
     emitted = sorted(i for row in got for b in row if b for i in b)
-    if mode != "quota":
+    if spec["mode"] != "quota":
         assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
 
 
@@ -108,14 +112,8 @@ def test_the_first_rounds_windows_run_on_one_rank_as_simulated(sharding, mode, W
 @pytest.mark.parametrize("sharding, mode, W, placement, first_window", RAMP_CASES)
 def test_the_first_rounds_windows_run_on_gloo_ranks_as_simulated(tmp_path, world_size, sharding, mode, W, placement,
                                                                   first_window):
-    spec = {"sharding": sharding, "mode": mode, "W": W, "placement": placement, "first_window": first_window}
-    res = run_ranks(_loader_batches, world_size, tmp_path, args=(spec,), timeout_s=90)
-    assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]
-    got, want = [r.value for r in res], _simulated(world_size, spec)
-    assert got == want
-    emitted = sorted(i for row in got for b in row if b for i in b)
-    if mode != "quota":
-        assert emitted == sorted(set(range(len(LENGTHS))) - DROPS)
+    _gloo_ranks_as_simulated(tmp_path, world_size, {"sharding": sharding, "mode": mode, "W": W, "placement": placement,
+                                                    "first_window": first_window})
 
 
 BIG = make_lengths(6500, seed=7, lo=2, hi=60)  # 2 ranks, W = 2,048: an end game of 2,402 positions (sorted)
