@@ -38,25 +38,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "tests" / "quality" / "mutation_report.json"
 BASELINE = ROOT / "tests" / "quality" / "mutation_baseline.json"
-PYTEST = "python -m pytest -x -q -p no:cacheprovider -m 'not slow' "
+PYTEST = "python -m pytest -x -q -p no:cacheprovider "
+FAST = "-m 'not slow' "  # single-process tests only: where they defend a package alone, its mutants run in seconds
 
-# package -> (its modules, the tests that must kill their mutants: fast, single-process where they can be)
+# package -> (its modules, the tests that must kill their mutants).  odb/runtime and odb/integrations are defended
+# by their multi-process tests too (gloo, a few seconds each): the single-process ones cannot see a collective.
 PACKAGES = {
     "odb/core": (["odb/core/placement.py", "odb/core/rank.py", "odb/core/replica.py", "odb/core/types.py",
                   "odb/core/header.py", "odb/core/info.py", "odb/core/shared.py", "odb/core/sim.py"],
-                 "tests/test_core.py tests/test_differential.py tests/test_pool.py tests/test_exchange.py "
+                 FAST + "tests/test_core.py tests/test_differential.py tests/test_pool.py tests/test_exchange.py "
                  "tests/test_batching_sim.py tests/test_survivor_classes.py tests/test_runtime_single.py "
                  "tests/test_bench_decision.py tests/test_day_one.py tests/test_observe.py"),
     "odb/batching": (["odb/batching/deal.py", "odb/batching/policy.py", "odb/batching/grouping.py",
                       "odb/batching/cost.py", "odb/batching/exchange.py", "odb/batching/base.py"],
-                     "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py tests/test_dealt.py "
-                     "tests/test_exchange.py tests/test_batching_sim.py tests/test_check_packing.py"),
+                     FAST + "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py "
+                     "tests/test_dealt.py tests/test_exchange.py tests/test_batching_sim.py tests/test_check_packing.py"),
     "odb/runtime": (["odb/runtime/epoch_pass.py", "odb/runtime/engine.py", "odb/runtime/source.py",
-                     "odb/runtime/ledger.py", "odb/runtime/loader.py", "odb/runtime/transport.py"],
+                     "odb/runtime/ledger.py", "odb/runtime/loader.py", "odb/runtime/transport.py",
+                     "odb/runtime/group.py", "odb/runtime/observe.py", "odb/runtime/trace.py"],
                     "tests/test_runtime_single.py tests/test_day_one.py tests/test_elastic.py "
-                    "tests/test_feature_edges.py tests/test_survivor_classes.py"),
-    "odb/integrations": (["odb/integrations"], "tests/test_integrations_plain.py tests/test_survivor_classes.py"),
-    "proofs/conformance": (["proofs/conformance"], "tests/test_conformance.py tests/test_survivor_classes.py"),
+                    "tests/test_feature_edges.py tests/test_survivor_classes.py tests/test_runtime_dist.py "
+                    "tests/test_runtime_guarantees.py tests/test_runtime_exchange.py tests/test_runtime_dealt.py "
+                    "tests/test_runtime_replicas.py tests/test_observe.py tests/test_first_window.py"),
+    "odb/integrations": (["odb/integrations"],
+                         "tests/test_integrations_plain.py tests/test_survivor_classes.py tests/test_elastic.py "
+                         "tests/test_day_one.py tests/test_integrations_accelerate.py "
+                         "tests/test_integrations_lightning.py tests/test_integrations_trl.py "
+                         "tests/test_integrations_hf.py tests/test_integrations_fsdp.py"),
+    "proofs/conformance": (["proofs/conformance"],
+                           "tests/test_conformance.py tests/test_survivor_classes.py tests/test_runtime_guarantees.py"),
 }
 
 
