@@ -77,6 +77,12 @@ def test_wrong_merges_are_refused_with_a_clear_error(tmp_path):
         merge_states(states[:1])  # a missing rank's file
     with pytest.raises(ConfigError, match="two states for rank 0"):
         merge_states([states[0], states[0]])
+    merge_states(states)  # the pair as saved merges; with one setting of one rank's state changed it does not
+    for key, other in (("world_size", 3), ("seed", 1), ("shuffle", False), ("sharding", "dealt"), ("epoch", 1),
+                       ("mode", "join"), ("order", "sampler")):
+        assert states[1][key] != other
+        with pytest.raises(ConfigError, match=f"the states disagree on '{key}'"):
+            merge_states([states[0], {**states[1], key: other}])
     later = _states(tmp_path / "b", sharding="fixed", save_at=5)
     with pytest.raises(ConfigError, match="different checkpoints"):
         merge_states([states[0], later[1]])  # two files from different steps

@@ -148,6 +148,31 @@ def test_an_epoch_that_misses_the_balance_target_says_once_what_a_larger_window_
     assert "placement='auto' (the default: the round exchange) at buffer_size=8: straggler" in hint  # run without it
 
 
+def _hint_loader(world_size, buffer_size, cost="padded", placement=None):
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(cost=cost, token_budget=256, buffer_size=buffer_size, seed=0, placement=placement)
+    return SimpleNamespace(settings=settings, world_size=world_size)
+
+
+def test_the_hint_simulates_only_below_its_sample_limit_and_otherwise_names_the_command_to_run():
+    from odb.runtime.observe import HINT_SAMPLES, plan_hint
+
+    lengths = [(7 * k) % 200 + 1 for k in range(300)]
+    hint = plan_hint(_hint_loader(2, 8), lengths, 0.9)  # 2 ranks x 2 x 32 samples: simulated
+    assert "lengths at 2 ranks predicts: buffer_size=8 (now): straggler" in hint and "buffer_size=32:" in hint
+    # the largest window's simulation holds world_size x 2 x 4 x buffer_size samples: one rank more than the limit
+    # allows, and the hint does not simulate but says which command would
+    w = 1024
+    n = HINT_SAMPLES // (8 * w) + 1
+    assert n * 4 * w <= HINT_SAMPLES < n * 8 * w
+    big = plan_hint(_hint_loader(n, w), lengths, 0.9)
+    assert "predicts" not in big and f"--world-size {n} to see what buffer_size={2 * w} or pooling" in big
+    for cost in ("linear", None):  # a cost the planner does not model, or the user's own: no figures
+        assert "predicts what another buffer_size" in plan_hint(_hint_loader(2, 8, cost), lengths, 0.9)
+    assert "predicts what another buffer_size" in plan_hint(_hint_loader(2, 8), lengths[:1], 0.9)
+
+
 def test_the_fit_recovers_a_step_model_of_its_form_and_the_planner_reads_it():
     from odb.plan.probe import fit
     from odb.plan.stepmodel import StepModel

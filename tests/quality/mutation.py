@@ -16,6 +16,11 @@ project's own Python running the tests.  The report (``--report``, default `REPO
 package and every survivor with its diff, and whether the baseline justifies it.
 
     python tests/quality/mutation.py [--packages odb/core ...] [--sample 60] [--seed 0] [--report PATH]
+    python tests/quality/mutation.py --packages odb/runtime --recheck    # after writing tests for its survivors
+
+``--recheck`` reruns only a package's unjustified survivors in the report (each stored diff applied by `patch`,
+the package's tests run): the sample's other mutants were killed and stay killed as tests are only added, so
+a package whose sampled run takes an hour is brought up to date in minutes.
 
 Run it with the project's Python (it runs the tests); cosmic-ray itself lives in a venv of its own
 (``make mutation`` builds ``.venv-mutation``, pinned by constraints.txt).
@@ -139,6 +144,69 @@ def run_package(name: str, sample: int, seed: int, timeout: float, exe: str = CO
         return out
 
 
+def _run_tests(tree: Path, tests: str, timeout: float) -> str | None:
+    """None if the tests pass in `tree`; else what failed (pytest's FAILED/ERROR lines, or the timeout)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        t = subprocess.run(f"{sys.executable} {PYTEST[len('python '):]}{tests}", shell=True, cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timeout after {timeout:.0f} s"
+    if t.returncode == 0:
+        return None
+    failed = [ln for ln in t.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+    return "; ".join(failed)[:300] or (t.stdout + t.stderr)[-300:]
+
+
+def recheck(entry: dict, timeout: float) -> dict:
+    """The report's package `entry` with each survivor no baseline justifies rerun against today's tests: its
+    stored diff applied to a copy of the tree and the package's tests run (after they pass on the copy
+    unmutated).  One killed now moves from survived to killed and is listed under ``rechecked`` with the test that
+    killed it; one that still survives stays.  A diff that no longer applies (the module changed) is an error: the
+    sample must be drawn again."""
+    _, tests = PACKAGES[entry["package"]]
+    previous = list(entry.get("survivors", []))
+    entry = dict(entry, tests=tests, survivors=[], rechecked=list(entry.get("rechecked", [])))
+    with tempfile.TemporaryDirectory(prefix="odb-recheck-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "site", "__pycache__", "*.sqlite"))
+        failed = _run_tests(tree, tests, timeout)
+        if failed:
+            raise RuntimeError(f"{entry['package']}'s tests fail on the unmutated tree: {failed}")
+        for s in previous:
+            if s.get("justified"):
+                entry["survivors"].append(s)
+                continue
+            diff = s["diff"].split("\n", 1)[1] if s["diff"].startswith("--- mutation diff ---") else s["diff"]
+            r = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=tree, input=diff, text=True,
+                               capture_output=True)
+            if r.returncode:
+                raise RuntimeError(f"{s['key']}: its diff no longer applies ({r.stdout}{r.stderr}); draw again")
+            try:
+                failed = _run_tests(tree, tests, timeout)
+            finally:
+                subprocess.run(["patch", "-p1", "-R", "--silent"], cwd=tree, input=diff, text=True, check=True)
+            if failed:
+                entry["rechecked"].append({"key": s["key"], "killed_by": failed})
+                entry["killed"] += 1
+                entry["survived"] -= 1
+            else:
+                entry["survivors"].append(s)
+            print(f"  {'killed  ' if failed else 'SURVIVED'} {s['key']}", flush=True)
+    return entry
+
+
+def _rates(res: dict, baseline: dict) -> int:
+    """Justify `res`'s survivors from the baseline and set its kill rates; the number of unjustified ones."""
+    for s in res["survivors"]:
+        s["justified"] = baseline.get(s["key"])
+    judged = res["killed"] + res["survived"]
+    holes = sum(1 for s in res["survivors"] if not s["justified"])
+    res["kill_rate"] = round(res["killed"] / judged, 3) if judged else None
+    res["kill_rate_non_equivalent"] = round(res["killed"] / (res["killed"] + holes), 3) if judged else None
+    return holes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--packages", nargs="*", default=list(PACKAGES), choices=list(PACKAGES))
@@ -147,20 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
     ap.add_argument("--report", default=str(REPORT))
     ap.add_argument("--cosmic-ray", default=COSMIC_RAY, help="the cosmic-ray executable (its own venv)")
+    ap.add_argument("--recheck", action="store_true",
+                    help="rerun only the report's unjustified survivors of --packages against today's tests")
     a = ap.parse_args(argv)
     baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
     path = Path(a.report)  # a package run replaces that package's entry; the others' stay
     old = json.loads(path.read_text()).get("packages", []) if path.exists() else []
     report = {"packages": [p for p in old if p.get("package") not in a.packages]}
     for name in a.packages:
-        res = run_package(name, a.sample, a.seed, a.timeout, a.cosmic_ray)
-        for s in res["survivors"]:
-            s["justified"] = baseline.get(s["key"])
+        if a.recheck:
+            (prev,) = [p for p in old if p.get("package") == name] or [None]
+            if prev is None:
+                raise SystemExit(f"--recheck: the report {path} has no entry for {name}")
+            for s in prev["survivors"]:
+                s["justified"] = baseline.get(s["key"])
+            res = recheck(prev, a.timeout)
+        else:
+            res = run_package(name, a.sample, a.seed, a.timeout, a.cosmic_ray)
+            res.update(sample=a.sample, seed=a.seed)
+        holes = _rates(res, baseline)
         judged = res["killed"] + res["survived"]
-        holes = sum(1 for s in res["survivors"] if not s["justified"])
-        res["kill_rate"] = round(res["killed"] / judged, 3) if judged else None
-        res["kill_rate_non_equivalent"] = round(res["killed"] / (res["killed"] + holes), 3) if judged else None
-        res.update(sample=a.sample, seed=a.seed)
         report["packages"].append(res)
         print(f"{name:20s} {res['killed']}/{judged} killed ({res['kill_rate']}), {holes} unjustified survivors, "
               f"{res['incompetent']} incompetent, of {res['total_mutants']} mutants; {res['seconds']} s", flush=True)
