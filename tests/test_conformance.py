@@ -346,3 +346,72 @@ def test_a_posted_fill_the_others_did_not_receive_is_rejected(exchange_traces, t
     save(d, 0, lines)
     (report,) = check_dir(str(d))
     assert any("received fills" in p for p in report.problems), report.problems
+
+
+def test_a_trace_written_without_the_lanes_field_is_read_as_unpooled(exchange_traces, tmp_path):
+    d = tmp_path / "t"  # traces from before pools: 3 ranks, no "lanes" in the meta record
+    shutil.copytree(exchange_traces, d)
+    for rank in range(3):
+        lines = load(d, rank)
+        del lines[0]["meta"]["lanes"]
+        save(d, rank, lines)
+    (report,) = check_dir(str(d))
+    assert report.ok, report.problems
+
+
+def _own_policy(rank, world_size, trace_dir):
+    """Ranks that run the user's own policy: its class name is not the default's, so its proposals stand."""
+    import odb
+    from odb.batching import policy as pol
+
+    class AltPolicy(pol.BalancedPolicy):  # a name that sorts before "BalancedPolicy"
+        def propose(self, summaries, window):
+            return max(1, super().propose(summaries, window) - 1)
+    from mp_harness import Samples, id_collate
+
+    loader = odb.ODBDataLoader(Samples(make_lengths(60, 9, lo=2)), 128, id_collate, buffer_size=8,
+                               policy=AltPolicy(), trace_dir=trace_dir, timeout_s=30)
+    n = sum(1 for _ in map(odb.pop_step_info, loader))
+    loader.close()
+    return n
+
+
+def test_a_run_with_the_users_own_policy_conforms_without_the_defaults_proposals(tmp_path):
+    d = str(tmp_path / "traces")
+    res = run_ranks(_own_policy, 2, tmp_path, args=(d,), timeout_s=60)
+    assert all(r.status == "ok" for r in res), [r.error for r in res]
+    (report,) = check_dir(d)
+    assert report.ok, report.problems  # the same rule under the default's name is caught (the test above)
+
+
+# -- pools (cfg lanes > 1): 4 ranks in 2 pools of 2 --------------------------------------------------------
+@pytest.fixture(scope="module")
+def pooled_traces(tmp_path_factory):
+    from test_pool import _loader_run
+
+    tmp = tmp_path_factory.mktemp("conf_pool")
+    res = run_ranks(_loader_run, 4, tmp, args=({"lanes": 2, "W": 8, "trace_dir": str(tmp / "traces")},),
+                    timeout_s=120)
+    assert all(r.status == "ok" for r in res), [r.error for r in res]
+    return tmp / "traces"
+
+
+def test_the_untampered_pooled_trace_conforms(pooled_traces):
+    (report,) = check_dir(str(pooled_traces))
+    assert report.ok, report.problems
+    assert report.world_size == 4 and report.rounds > 2
+
+
+@pytest.mark.parametrize("rank, field", [(1, "summary"), (3, "summary"), (3, "replicated")])
+def test_a_lane_that_posted_other_than_its_pool_is_rejected(pooled_traces, tmp_path, rank, field):
+    d = tmp_path / "t"
+    shutil.copytree(pooled_traces, d)
+    lines = load(d, rank)
+    i = next(i for i, x in enumerate(lines) if x.get("row") == "post_header" and x["payload"]["st"] == 0
+             and x.get(field))
+    lines[i][field] = {"tampered": lines[i][field]}
+    save(d, rank, lines)
+    (report,) = check_dir(str(d))
+    head = rank // 2 * 2
+    assert any(f"rank {rank} posted" in p and f"other than rank {head} of its pool" in p for p in report.problems), \
+        report.problems
