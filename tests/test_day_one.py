@@ -119,6 +119,17 @@ def test_without_set_epoch_each_completed_pass_takes_the_next_epochs_order():
     explicit.close()
 
 
+@pytest.mark.parametrize("epoch", [-1, -5, True, 1.0, "1", None])
+def test_set_epoch_takes_only_an_int_from_zero_and_says_so(epoch):
+    with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8) as loader:
+        with pytest.raises(odb.ConfigError, match=r"epoch must be an int >= 0, got"):
+            loader.set_epoch(epoch)
+        assert loader.epoch == 0
+        loader.set_epoch(0)
+        loader.set_epoch(3)
+        assert loader.epoch == 3
+
+
 def _join_without_context(rank, world_size, wrap):
     from _tiny import tiny_llama
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -64,7 +64,10 @@ PACKAGES = {
                     "tests/test_runtime_single.py tests/test_day_one.py tests/test_elastic.py "
                     "tests/test_feature_edges.py tests/test_survivor_classes.py tests/test_runtime_dist.py "
                     "tests/test_runtime_guarantees.py tests/test_runtime_exchange.py tests/test_runtime_dealt.py "
-                    "tests/test_runtime_replicas.py tests/test_observe.py tests/test_first_window.py"),
+                    "tests/test_runtime_replicas.py tests/test_observe.py tests/test_first_window.py "
+                    "tests/test_plan.py::test_the_hint_simulates_only_below_its_sample_limit_and_otherwise_names_the_"
+                    "command_to_run tests/test_plan.py::test_an_epoch_that_misses_the_balance_target_says_once_what_"
+                    "a_larger_window_would_buy"),
     "odb/integrations": (["odb/integrations"],
                          "tests/test_integrations_plain.py tests/test_survivor_classes.py tests/test_elastic.py "
                          "tests/test_day_one.py tests/test_integrations_accelerate.py "
