@@ -181,9 +181,12 @@ def recheck(entry: dict, timeout: float) -> dict:
                 entry["survivors"].append(s)
                 continue
             diff = s["diff"].split("\n", 1)[1] if s["diff"].startswith("--- mutation diff ---") else s["diff"]
+            diff = diff.rstrip("\n") + "\n"
             r = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=tree, input=diff, text=True,
                                capture_output=True)
-            if r.returncode:
+            added = [ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+            text = (tree / s["module"]).read_text()
+            if r.returncode or not added or any(ln not in text for ln in added):
                 raise RuntimeError(f"{s['key']}: its diff no longer applies ({r.stdout}{r.stderr}); draw again")
             try:
                 failed = _run_tests(tree, tests, timeout)
