@@ -301,6 +301,26 @@ def test_pad_fillers_of_a_rank_whose_samples_are_all_over_the_budget_are_cut_to_
     assert sorted(i for r in res for s in r.value for i in s[1]) == list(range(35))
 
 
+@pytest.mark.parametrize("kind", ["list", "tensor", "array"])
+def test_a_filler_cut_from_an_over_budget_sample_cuts_every_sequence_value_and_keeps_the_rest(kind):
+    import numpy as np
+    import torch
+
+    from odb.runtime.epoch_pass import cut_to_budget
+
+    make = {"list": list, "tensor": torch.tensor, "array": np.array}[kind]
+    sample = {"input_ids": make(list(range(1, 101))), "labels": make(list(range(1, 101))),
+              "attention_mask": make([1] * 100), "weight": torch.tensor(2.0), "source": "web", "pair": (1, 2)}
+    out = cut_to_budget(sample, lambda s: len(s["input_ids"]) <= 37)
+    assert len(out["input_ids"]) == len(out["labels"]) == len(out["attention_mask"]) == 37
+    assert list(out["input_ids"]) == list(range(1, 38)) and all(int(x) == -100 for x in out["labels"])
+    assert type(out["input_ids"]) is type(sample["input_ids"]) and type(out["labels"]) is type(sample["labels"])
+    assert out["weight"] is sample["weight"] and out["source"] == "web" and out["pair"] == (1, 2)
+    assert cut_to_budget(sample, lambda s: False) is None  # no prefix fits
+    with_image = {**sample, "pixel_values": torch.zeros(3, 4, 4)}
+    assert cut_to_budget(with_image, lambda s: len(s["input_ids"]) <= 37) is None  # cutting text cuts placeholders
+
+
 def _filler_sample(rank, world_size):
     from mp_harness import ListSampler
 
