@@ -401,3 +401,21 @@ def test_the_ddp_break_case_is_documented_with_what_to_do():
     # a rank-local break leaves the peer in DDP's all-reduce, beyond the loader's reach: the guide says so
     text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "guide", "failures.md")).read()
     assert "rank-local `break`" in text and "every rank stops at the same step" in text
+
+
+@pytest.mark.parametrize("n, world", [(12, 3), (13, 3), (10, 2), (7, 1)])
+def test_each_ranks_shuffled_order_is_the_one_distributedsampler_gives_for_the_same_seed_and_epoch(n, world):
+    # a job moved from DistributedSampler(drop_last=True) keeps its data order: the permutation seeded by
+    # seed + epoch, dealt round robin (the shard keeps the samples drop_last drops)
+    from torch.utils.data import DistributedSampler
+
+    from odb.runtime.source import shard_order
+
+    for seed, epoch in [(3, 1), (0, 5), (7, 2), (1, 0)]:
+        shards = [shard_order(n, r, world, True, seed, epoch) for r in range(world)]
+        assert sorted(i for s in shards for i in s) == list(range(n))
+        for r, shard in enumerate(shards):
+            ref = DistributedSampler(range(n), world, r, shuffle=True, seed=seed, drop_last=True)
+            ref.set_epoch(epoch)
+            assert shard[:len(ref)] == list(ref) and len(shard) - len(ref) <= 1
+        assert shard_order(n, 0, world, False, seed, epoch) == list(range(0, n, world))
