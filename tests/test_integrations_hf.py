@@ -56,3 +56,20 @@ def test_hf_trainer_rejects_unmasked_first_label_of_a_causal_lm(tmp_path):
                    odb_loader_kwargs={"token_budget": 64, "timeout_s": 30, "shift_labels": False})
     with pytest.raises(ConfigError, match="labels"):
         t.train()
+
+
+@pytest.mark.parametrize("warmup, warns", [(0, False), (0.1, False), (1, True), (50, True)])
+def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmup, warns):
+    import warnings
+
+    from _tiny import TinyDataset, tiny_llama
+    from transformers import TrainingArguments
+
+    from odb.integrations.hf import ODBTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], warmup_steps=warmup)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
+    said = [str(w.message) for w in caught if "read as a number of samples" in str(w.message)]
+    assert len(said) == warns, said

@@ -40,6 +40,19 @@ def test_the_pass_summary_is_logged_with_figures_recomputed_from_the_batches(cap
     assert 0.0 <= st.wait_fraction() <= 1.0 and st.pass_time_s > 0
 
 
+def test_the_summary_names_the_exchanges_moves_and_their_bytes_in_mib_and_what_was_not_trained_on():
+    from odb.core.info import LoaderStats
+    from odb.runtime.observe import summary_line
+
+    s = LoaderStats(steps=4, samples=10, exchange_sent=2, exchange_received=1, exchange_bytes=3 * 2**20 + 2**19,
+                    dropped=1, oversize=2, oversize_worst=(1.5,))
+    line = summary_line(s, epoch=2, rank=1, world_size=4)
+    assert line.startswith("odb epoch 2 rank 1/4: 4 steps (0 fillers), 10 samples")
+    assert "; exchange: 2 batches sent, 1 received, 3.5 MiB;" in line
+    assert line.endswith("1 dropped, 2 oversize (the costliest 1.50x the budget)")
+    assert "exchange" not in summary_line(LoaderStats(steps=4), epoch=0, rank=0, world_size=1)
+
+
 def test_a_pass_ended_early_logs_no_summary_but_counts_its_time(caplog):
     with caplog.at_level(logging.INFO, logger="odb"):
         with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8) as loader:
