@@ -20,7 +20,9 @@ package and every survivor with its diff, and whether the baseline justifies it.
 
 ``--recheck`` reruns only a package's unjustified survivors in the report (each stored diff applied by `patch`,
 the package's tests run): the sample's other mutants were killed and stay killed as tests are only added, so
-a package whose sampled run takes an hour is brought up to date in minutes.
+a package whose sampled run takes an hour is brought up to date in minutes.  Each one it kills is kept in the
+report (``rechecked``: its diff and the tests that killed it), and ``--guard`` (in ``make test``) applies every
+such mutant again and runs only those tests: a hole cosmic-ray found and a test closed stays closed.
 
 Run it with the project's Python (it runs the tests); cosmic-ray itself lives in a venv of its own
 (``make mutation`` builds ``.venv-mutation``, pinned by constraints.txt).
@@ -157,22 +159,60 @@ def _run_tests(tree: Path, tests: str, timeout: float) -> str | None:
         return f"timeout after {timeout:.0f} s"
     if t.returncode == 0:
         return None
+    if t.returncode in (4, 5):  # a usage error or no test collected: nothing was tested, nothing killed
+        raise RuntimeError(f"pytest could not run {tests!r}: {(t.stdout + t.stderr)[-500:]}")
     failed = [ln for ln in t.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
     return "; ".join(failed)[:300] or (t.stdout + t.stderr)[-300:]
+
+
+def _node_ids(killed_by: str) -> list[str]:
+    """The pytest node ids in a ``killed_by`` record ("FAILED tests/x.py::test_y[p] - message; ...")."""
+    out = []
+    for part in killed_by.split("; "):
+        if part.startswith(("FAILED ", "ERROR ")):
+            out.append(part.split(" ", 1)[1].split(" - ", 1)[0])
+    return out
+
+
+class _Applied:
+    """A survivor's stored diff applied to `tree` by `patch` for the ``with`` block, then reverted; an error
+    if it no longer applies (the module changed: the sample must be drawn again)."""
+
+    def __init__(self, tree: Path, mutant: dict):
+        diff = mutant["diff"]
+        diff = diff.split("\n", 1)[1] if diff.startswith("--- mutation diff ---") else diff
+        self.tree, self.mutant, self.diff = tree, mutant, diff.rstrip("\n") + "\n"
+
+    def __enter__(self):
+        r = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=self.tree, input=self.diff, text=True,
+                           capture_output=True)
+        added = [ln[1:] for ln in self.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        text = (self.tree / self.mutant["module"]).read_text()
+        if r.returncode or not added or any(ln not in text for ln in added):
+            raise RuntimeError(f"{self.mutant['key']}: its diff no longer applies ({r.stdout}{r.stderr}); "
+                               "draw the package's sample again")
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run(["patch", "-p1", "-R", "--silent"], cwd=self.tree, input=self.diff, text=True, check=True)
+
+
+def _copy_tree(tmp: str) -> Path:
+    tree = Path(tmp) / "tree"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "site", "__pycache__", "*.sqlite"))
+    return tree
 
 
 def recheck(entry: dict, timeout: float) -> dict:
     """The report's package `entry` with each survivor no baseline justifies rerun against today's tests: its
     stored diff applied to a copy of the tree and the package's tests run (after they pass on the copy
-    unmutated).  One killed now moves from survived to killed and is listed under ``rechecked`` with the test that
-    killed it; one that still survives stays.  A diff that no longer applies (the module changed) is an error: the
-    sample must be drawn again."""
+    unmutated).  One killed now moves from survived to killed and is listed under ``rechecked`` with its diff
+    and the test that killed it; one that still survives stays."""
     _, tests = PACKAGES[entry["package"]]
     previous = list(entry.get("survivors", []))
     entry = dict(entry, tests=tests, survivors=[], rechecked=list(entry.get("rechecked", [])))
     with tempfile.TemporaryDirectory(prefix="odb-recheck-") as tmp:
-        tree = Path(tmp) / "tree"
-        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv*", ".git", "site", "__pycache__", "*.sqlite"))
+        tree = _copy_tree(tmp)
         failed = _run_tests(tree, tests, timeout)
         if failed:
             raise RuntimeError(f"{entry['package']}'s tests fail on the unmutated tree: {failed}")
@@ -180,26 +220,37 @@ def recheck(entry: dict, timeout: float) -> dict:
             if s.get("justified"):
                 entry["survivors"].append(s)
                 continue
-            diff = s["diff"].split("\n", 1)[1] if s["diff"].startswith("--- mutation diff ---") else s["diff"]
-            diff = diff.rstrip("\n") + "\n"
-            r = subprocess.run(["patch", "-p1", "--forward", "--silent"], cwd=tree, input=diff, text=True,
-                               capture_output=True)
-            added = [ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
-            text = (tree / s["module"]).read_text()
-            if r.returncode or not added or any(ln not in text for ln in added):
-                raise RuntimeError(f"{s['key']}: its diff no longer applies ({r.stdout}{r.stderr}); draw again")
-            try:
+            with _Applied(tree, s):
                 failed = _run_tests(tree, tests, timeout)
-            finally:
-                subprocess.run(["patch", "-p1", "-R", "--silent"], cwd=tree, input=diff, text=True, check=True)
             if failed:
-                entry["rechecked"].append({"key": s["key"], "killed_by": failed})
+                entry["rechecked"].append({"key": s["key"], "module": s["module"], "diff": s["diff"],
+                                           "killed_by": failed})
                 entry["killed"] += 1
                 entry["survived"] -= 1
             else:
                 entry["survivors"].append(s)
             print(f"  {'killed  ' if failed else 'SURVIVED'} {s['key']}", flush=True)
     return entry
+
+
+def guard(report: dict, timeout: float) -> list[str]:
+    """Every ``rechecked`` mutant of the committed report (a hole cosmic-ray found and a test now closes) applied
+    again, with only the tests that killed it run: they must still fail.  The keys of those that now survive."""
+    reopened = []
+    with tempfile.TemporaryDirectory(prefix="odb-guard-") as tmp:
+        tree = _copy_tree(tmp)
+        todo = [(m, _node_ids(m["killed_by"])) for e in report["packages"] for m in e.get("rechecked", [])]
+        todo = [(m, ids) for m, ids in todo if ids]  # a timeout's kill: only the package's whole test list can say
+        failed = _run_tests(tree, " ".join(sorted({f"'{i}'" for _, ids in todo for i in ids})), timeout)
+        if failed:
+            raise RuntimeError(f"the guarding tests fail on the unmutated tree: {failed}")
+        for m, ids in todo:
+            with _Applied(tree, m):
+                failed = _run_tests(tree, " ".join(f"'{i}'" for i in ids), timeout)
+            print(f"  {'killed  ' if failed else 'REOPENED'} {m['key']}", flush=True)
+            if not failed:
+                reopened.append(m["key"])
+    return reopened
 
 
 def _rates(res: dict, baseline: dict) -> int:
@@ -223,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cosmic-ray", default=COSMIC_RAY, help="the cosmic-ray executable (its own venv)")
     ap.add_argument("--recheck", action="store_true",
                     help="rerun only the report's unjustified survivors of --packages against today's tests")
+    ap.add_argument("--guard", action="store_true",
+                    help="apply each mutant the committed report lists as rechecked; its killing tests must fail")
     a = ap.parse_args(argv)
     baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    if a.guard:
+        reopened = guard(json.loads(REPORT.read_text()), a.timeout)
+        print(f"{len(reopened)} holes reopened" + (f": {reopened}" if reopened else ""))
+        return 1 if reopened else 0
     path = Path(a.report)  # a package run replaces that package's entry; the others' stay
     old = json.loads(path.read_text()).get("packages", []) if path.exists() else []
     report = {"packages": [p for p in old if p.get("package") not in a.packages]}
