@@ -12,6 +12,8 @@ import os
 import re
 import sys
 
+import warnings
+
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -262,10 +264,18 @@ def test_odb_trainer_iterable_dataset_without_a_budget_refuses_a_schedule_that_n
     from odb.integrations.hf import ODBTrainer
 
     for extra, match in (({}, "lr_scheduler_type"), ({"lr_scheduler_type": "constant", "num_train_epochs": 1.5},
-                                                      "whole number of epochs")):
+                                                      "whole number of epochs"),
+                         # a warmup given as a share needs the horizon a stream does not tell
+                         ({"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0.1}, "lr_scheduler_type")):
         with pytest.raises(ConfigError, match=match):
             ODBTrainer(model=tiny_llama(0), args=_args(str(tmp_path), 1, **extra), train_dataset=_stream(0, 1),
                        odb_loader_kwargs={"token_budget": BUDGET})
+    for extra in ({"lr_scheduler_type": "constant"}, {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 5},
+                  {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0}):  # no horizon needed
+        with pytest.warns(UserWarning) if extra.get("warmup_steps") else warnings.catch_warnings():
+            t = ODBTrainer(model=tiny_llama(0), args=_args(str(tmp_path), 1, **extra), train_dataset=_stream(0, 1),
+                           odb_loader_kwargs={"token_budget": BUDGET})
+        assert t.args.max_steps == 2 ** 62  # the stream's passes end the run
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ PACKAGES = {
                          "tests/test_integrations_plain.py tests/test_survivor_classes.py tests/test_elastic.py "
                          "tests/test_day_one.py tests/test_integrations_accelerate.py "
                          "tests/test_integrations_lightning.py tests/test_integrations_trl.py "
-                         "tests/test_integrations_hf.py tests/test_integrations_fsdp.py"),
+                         "tests/test_integrations_hf.py tests/test_integrations_fsdp.py "
+                         "tests/test_integrations_datasets.py"),
     "proofs/conformance": (["proofs/conformance"],
                            "tests/test_conformance.py tests/test_survivor_classes.py tests/test_runtime_guarantees.py"),
 }
