@@ -73,3 +73,20 @@ def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmu
         ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
     said = [str(w.message) for w in caught if "read as a number of samples" in str(w.message)]
     assert len(said) == warns, said
+
+
+@pytest.mark.parametrize("steps, warns", [(0.5, True), (10, False), (-1, False)])
+def test_hf_trainer_says_a_logging_share_is_of_the_sample_bound_and_only_for_a_share(tmp_path, steps, warns):
+    import warnings
+
+    from _tiny import TinyDataset, tiny_llama
+    from transformers import TrainingArguments
+
+    from odb.integrations.hf import ODBTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], logging_steps=steps)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
+    said = [str(w.message) for w in caught if "is a share of max_steps" in str(w.message)]
+    assert len(said) == warns, said
