@@ -57,6 +57,17 @@ def test_hf_trainer_rejects_unmasked_first_label_of_a_causal_lm(tmp_path):
     with pytest.raises(ConfigError, match="labels"):
         t.train()
 
+    class Masked(Unmasked):  # labels[0] = -100: unshifted counts are the shifted loss's, so it trains
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            s["labels"][0] = -100
+            return s
+
+    t = ODBTrainer(model=tiny_llama(), args=args, train_dataset=Masked(8), data_collator=pad_collate,
+                   odb_loader_kwargs={"token_budget": 64, "timeout_s": 30, "shift_labels": False})
+    t.train()
+    assert t.odb_progress.samples == 8
+
 
 @pytest.mark.parametrize("warmup, warns", [(0, False), (0.1, False), (1, True), (50, True)])
 def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmup, warns):
