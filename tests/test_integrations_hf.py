@@ -101,3 +101,20 @@ def test_hf_trainer_says_a_logging_share_is_of_the_sample_bound_and_only_for_a_s
         ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
     said = [str(w.message) for w in caught if "is a share of max_steps" in str(w.message)]
     assert len(said) == warns, said
+
+
+def test_hf_trainer_counts_an_encoder_decoders_labels_unshifted_and_a_causal_lms_shifted(tmp_path):
+    from _tiny import TinyDataset, tiny_llama
+    from transformers import T5Config, T5ForConditionalGeneration, TrainingArguments
+
+    from odb.integrations.hf import ODBTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                             num_heads=2, decoder_start_token_id=0))
+    # an encoder-decoder's loss reads every label: its loader must not drop labels[0] from the counts
+    for model, shifted in ((t5, False), (tiny_llama(), True)):
+        t = ODBTrainer(model=model, args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
+        t.get_train_dataloader()
+        assert t.odb_loader.shift_labels is shifted, type(model).__name__
+        t.odb_loader.close()
