@@ -71,11 +71,11 @@ PACKAGES = {
                     "command_to_run tests/test_plan.py::test_an_epoch_that_misses_the_balance_target_says_once_what_"
                     "a_larger_window_would_buy"),
     "odb/integrations": (["odb/integrations"],
+                         "tests/test_integrations_hf.py tests/test_integrations_datasets.py "
                          "tests/test_integrations_plain.py tests/test_survivor_classes.py tests/test_elastic.py "
                          "tests/test_day_one.py tests/test_integrations_accelerate.py "
                          "tests/test_integrations_lightning.py tests/test_integrations_trl.py "
-                         "tests/test_integrations_hf.py tests/test_integrations_fsdp.py "
-                         "tests/test_integrations_datasets.py"),
+                         "tests/test_integrations_fsdp.py"),
     "proofs/conformance": (["proofs/conformance"],
                            "tests/test_conformance.py tests/test_survivor_classes.py tests/test_runtime_guarantees.py"),
 }
