@@ -237,18 +237,20 @@ def test_a_missing_rank_trace_is_rejected(real_traces, tmp_path):
     assert not report.ok and "world size 2" in report.problems[0]
 
 
-def _other_rule(rank, world_size, trace_dir):
-    """Ranks that all run another proposal rule while their traces say "BalancedPolicy"."""
+def _other_rule(rank, world_size, trace_dir, name="BalancedPolicy"):
+    """Ranks that all run another proposal rule, in a policy class called `name`: under the default's name
+    ("BalancedPolicy") the checker recomputes the real one; under another its proposals stand."""
     import odb
     from odb.batching import policy as pol
 
-    class BalancedPolicy(pol.BalancedPolicy):  # the checker recomputes the real BalancedPolicy
+    class Other(pol.BalancedPolicy):
         def propose(self, summaries, window):
             return max(1, super().propose(summaries, window) - 1)
+    Other.__name__ = name
     from mp_harness import Samples, id_collate
 
     loader = odb.ODBDataLoader(Samples(make_lengths(60, 9, lo=2)), 128, id_collate, buffer_size=8,
-                               policy=BalancedPolicy(), trace_dir=trace_dir, timeout_s=30)
+                               policy=Other(), trace_dir=trace_dir, timeout_s=30)
     n = sum(1 for _ in map(odb.pop_step_info, loader))
     loader.close()
     return n
@@ -359,26 +361,9 @@ def test_a_trace_written_without_the_lanes_field_is_read_as_unpooled(exchange_tr
     assert report.ok, report.problems
 
 
-def _own_policy(rank, world_size, trace_dir):
-    """Ranks that run the user's own policy: its class name is not the default's, so its proposals stand."""
-    import odb
-    from odb.batching import policy as pol
-
-    class AltPolicy(pol.BalancedPolicy):  # a name that sorts before "BalancedPolicy"
-        def propose(self, summaries, window):
-            return max(1, super().propose(summaries, window) - 1)
-    from mp_harness import Samples, id_collate
-
-    loader = odb.ODBDataLoader(Samples(make_lengths(60, 9, lo=2)), 128, id_collate, buffer_size=8,
-                               policy=AltPolicy(), trace_dir=trace_dir, timeout_s=30)
-    n = sum(1 for _ in map(odb.pop_step_info, loader))
-    loader.close()
-    return n
-
-
 def test_a_run_with_the_users_own_policy_conforms_without_the_defaults_proposals(tmp_path):
     d = str(tmp_path / "traces")
-    res = run_ranks(_own_policy, 2, tmp_path, args=(d,), timeout_s=60)
+    res = run_ranks(_other_rule, 2, tmp_path, args=(d, "AltPolicy"), timeout_s=60)  # sorts before the default
     assert all(r.status == "ok" for r in res), [r.error for r in res]
     (report,) = check_dir(d)
     assert report.ok, report.problems  # the same rule under the default's name is caught (the test above)

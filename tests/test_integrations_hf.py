@@ -69,8 +69,8 @@ def test_hf_trainer_rejects_unmasked_first_label_of_a_causal_lm(tmp_path):
     assert t.odb_progress.samples == 8
 
 
-@pytest.mark.parametrize("warmup, warns", [(0, False), (0.1, False), (1, True), (50, True)])
-def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmup, warns):
+def _construction_warnings(tmp_path, words, **args):
+    """The warnings containing `words` that building an ODBTrainer with these TrainingArguments gives."""
     import warnings
 
     from _tiny import TinyDataset, tiny_llama
@@ -78,28 +78,22 @@ def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmu
 
     from odb.integrations.hf import ODBTrainer
 
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], warmup_steps=warmup)
+    targs = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
-    said = [str(w.message) for w in caught if "read as a number of samples" in str(w.message)]
+        ODBTrainer(model=tiny_llama(), args=targs, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
+    return [str(w.message) for w in caught if words in str(w.message)]
+
+
+@pytest.mark.parametrize("warmup, warns", [(0, False), (0.1, False), (1, True), (50, True)])
+def test_hf_trainer_says_a_whole_warmup_steps_is_read_as_samples(tmp_path, warmup, warns):
+    said = _construction_warnings(tmp_path, "read as a number of samples", warmup_steps=warmup)
     assert len(said) == warns, said
 
 
 @pytest.mark.parametrize("steps, warns", [(0.5, True), (10, False), (-1, False)])
 def test_hf_trainer_says_a_logging_share_is_of_the_sample_bound_and_only_for_a_share(tmp_path, steps, warns):
-    import warnings
-
-    from _tiny import TinyDataset, tiny_llama
-    from transformers import TrainingArguments
-
-    from odb.integrations.hf import ODBTrainer
-
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], logging_steps=steps)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ODBTrainer(model=tiny_llama(), args=args, train_dataset=TinyDataset(4), odb_loader_kwargs={"token_budget": 32})
-    said = [str(w.message) for w in caught if "is a share of max_steps" in str(w.message)]
+    said = _construction_warnings(tmp_path, "is a share of max_steps", logging_steps=steps)
     assert len(said) == warns, said
 
 
