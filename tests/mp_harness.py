@@ -178,11 +178,13 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
     spec keys: lengths (list), shards (per-rank index lists; default: loader's own
     shard), budget, W, mode, iterable, workers, drop, raise_at, no_len, collate
     ("id" | "bad" | "list"), break_at (step), break_rank (default: every rank), die_at (step) with
-    die_rank, stall_at (step) with stall_rank and stall_s (the consumer sleeps), epochs, trace_dir,
+    die_rank, stall_at (a step or a list of steps) with stall_rank ("all": every rank, a pause every rank takes)
+    and stall_s (the consumer sleeps), epochs, trace_dir,
     oversize, timeout_s, state (a state_dict per rank to load, or one merged state for every rank),
     save_at (step: return a state_dict taken after that step and stop; a rank whose data ends first
     returns its final state), sharding ("auto" | "fixed" | "dealt"), exchange (bool), pool (pool_size),
-    first_window (default the loader's).
+    placement ("auto": the loader's default, over exchange and pool), filler_sample, first_window (default the
+    loader's).
     """
     import odb
     from odb.integrations import join_context
@@ -196,6 +198,10 @@ def scenario(rank: int, world_size: int, spec: dict) -> dict:
               placement=odb.Exchanged(pool=spec.get("pool", 1)) if spec.get("exchange") else
               odb.Pooled(spec["pool"]) if spec.get("pool", 1) > 1 else None,
               first_window=spec.get("first_window", odb.LoaderSettings.first_window))
+    if spec.get("placement") == "auto":  # the loader's default
+        del kw["placement"]
+    if spec.get("filler_sample") is not None:
+        kw["filler_sample"] = spec["filler_sample"]
     collate = {"id": id_collate, "bad": bad_collate, "list": list_collate}[spec.get("collate", "id")]
     if spec.get("iterable"):
         ds = Stream(lengths, shards[rank])
@@ -232,7 +238,9 @@ def _scenario_pass(rank: int, spec: dict, loader, epoch: int, steps: list, out: 
                       "ll": info.local_label_tokens, "epoch": epoch})
         if spec.get("die_at") == k and rank == spec.get("die_rank", 0):
             os._exit(3)
-        if spec.get("stall_at") == k and rank == spec.get("stall_rank", 0):
+        stall_at, stall_rank = spec.get("stall_at"), spec.get("stall_rank", 0)
+        if (k in stall_at if isinstance(stall_at, (list, tuple)) else stall_at == k) and \
+                stall_rank in ("all", rank):
             time.sleep(spec["stall_s"])
         if spec.get("save_at") == k:
             out["state"] = loader.state_dict()

@@ -4,9 +4,10 @@ Legend
     N        world size of the loader's gloo group; W the window (``buffer_size``)
     quit     the rank's stop status, the table's input ``in.quit``: OK (0); CLOSED (1): the consumer
              stopped iterating (close(), a break, garbage collection); FAILED (2): a local error
-    out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``; it holds at
-             most W samples of released batches (one round's worth; always one batch), so a rank holds about
-             3W preprocessed samples: the window, the round's batches held until the next collective, the queue
+    out      the queue to the consumer: ``("batch", Batch)``, ``("end", None)``, ``("error", exc)``; bounded in
+             rounds, not samples (`Engine._park`): after round r's collective the engine waits until the consumer
+             has taken every batch released before it, so a rank holds about 3W preprocessed samples: the window,
+             the round's batches held until the next collective, the queue (two rounds' releases at most)
 
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
 collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.
@@ -14,6 +15,14 @@ Each call fires one table row; the engine does what the returned `odb.core.rank.
 header and counts (SYNC), move the round exchange's batches (`odb.runtime.transport.BatchTransfer`,
 bounded by ``timeout_s``), queue the released batches, write the trace line, hand errors over.  It
 decides nothing itself.
+
+Pauses: the engine waits for its consumer only at a round boundary, after a round's collective and its
+exchange, never inside one, and for a condition in batches of rounds that is the same on every rank (every rank
+still in the epoch releases the same number of batches per round).  So a pause every rank takes at the same step
+(an evaluation, a checkpoint every rank writes) parks every engine after the same round, with no collective
+in flight, for as long as it lasts; only a rank whose peers wait in a collective for it counts against
+``timeout_s`` (a consumer slower on one rank, a hung peer).  A bound in samples, which differ per rank, parked
+one engine before the next post while its peer waited in that round's collective (issue 61).
 
 Stopping is driven by the table only: once ``quit > 0`` the core fetches nothing more and its next
 header posts it; every rank then leaves through ``return_abort`` in the same round.  A rank that did
@@ -49,15 +58,15 @@ class Engine:
     """Runs one pass of `core` in a daemon thread (module docstring); every collective is bounded by
     ``timeout_s``."""
 
-    def __init__(self, *, core: RankCore, source, group, timeout_s: float, trace: TraceWriter | None,
-                 queue_samples: int, stats):
+    def __init__(self, *, core: RankCore, source, group, timeout_s: float, trace: TraceWriter | None, stats):
         self.core, self.group, self.timeout_s, self.trace, self.stats = core, group, timeout_s, trace, stats
         self.rank, self.world_size, self.epoch = core.rank, core.world_size, core.epoch
         self.source = source
         source.stopping = lambda: self._quit != OK  # a fetch waiting on a worker gives up when this rank stops
         self.out: queue.Queue = queue.Queue()
-        self._room = threading.Condition()        # the queue's samples, bounded by `queue_samples`
-        self._queued, self._limit = 0, queue_samples
+        self._room = threading.Condition()        # the consumer took a batch (`taken`), or this rank stops
+        self._taken = 0                            # batches the consumer took from `out`
+        self._released = [0]                       # batches released by the end of each collect, cumulative
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
@@ -73,6 +82,8 @@ class Engine:
         """Set this rank's quit status (CLOSED or FAILED, what the peers are told); the first one stays."""
         if self._quit == OK:
             self._quit = status
+        with self._room:
+            self._room.notify()  # a parked engine goes on (its consumer is gone)
 
     @property
     def stopping(self) -> bool:
@@ -102,7 +113,8 @@ class Engine:
     def _loop(self) -> None:
         core, seq, status = self.core, 0, (lambda: self._quit)
         while not core.done:
-            if core.waiting:
+            collected = core.waiting
+            if collected:
                 t0 = time.perf_counter()
                 gathered = self._wait()
                 self.stats.collective_s += time.perf_counter() - t0
@@ -130,6 +142,10 @@ class Engine:
                 self._put(("end", None))
             if out.abort_error is not None:
                 self._aborted(out.abort_error)
+            if collected:
+                self._released.append(self._released[-1] + len(out.release))
+                if not core.done:
+                    self._park()
         if not core.local["aborted"] and not core.ended:
             self._put(("end", None))
 
@@ -217,23 +233,26 @@ class Engine:
                 "lost": [[*map(int, o)] for _, o in out.expect if tuple(o) not in got]}
 
     # -- output ------------------------------------------------------------------------
-    def _put(self, item) -> None:
-        """Queue `item` for the consumer once the queue has room for its samples; once stopping (quit > 0) it
-        is dropped (nobody reads it)."""
-        n = len(item[1].samples) if item[0] == "batch" else 0
+    def _park(self) -> None:
+        """At a round boundary (a collect and its exchange done, no collective in flight): wait until the
+        consumer has taken every batch released before this collect, or this rank stops.  Not bounded by
+        ``timeout_s``: a consumer's pause is not a failure; a peer waiting for this rank in the next collective
+        is what bounds it (module docstring)."""
+        need = self._released[-2]
         with self._room:
-            while self._quit == OK and self._queued and self._queued + n > self._limit:
+            while self._quit == OK and self._taken < need:
                 self._room.wait(0.05)
-            if self._quit != OK:
-                return
-            self._queued += n
-        self.out.put(item)
+
+    def _put(self, item) -> None:
+        """Queue `item` for the consumer; once stopping (quit > 0) it is dropped (nobody reads it)."""
+        if self._quit == OK:
+            self.out.put(item)
 
     def taken(self, item) -> None:
-        """The consumer took `item` from the queue: its samples leave the queue's count."""
+        """The consumer took `item` from the queue (`_park` counts its batches)."""
         if item[0] == "batch":
             with self._room:
-                self._queued -= len(item[1].samples)
+                self._taken += 1
                 self._room.notify()
 
     def _deliver_error(self, e: BaseException) -> None:
@@ -242,8 +261,5 @@ class Engine:
                 self.out.get_nowait()
             except queue.Empty:
                 break
-        with self._room:
-            self._queued = 0
-            self._room.notify()
         self.out.put(("error", e))
 

@@ -132,14 +132,17 @@ def cut_to_budget(sample, fits: Callable) -> Any:
 
 
 def filler_template(loader: "PassHost", order: list | None) -> Callable:
-    """The core's ``template(fallback)`` for a rank that saw no sample within the budget: the cheapest
-    over-budget sample it saw cut to the budget; else (map-style) the first of up to 16 indices of its order
-    whose sample fits or can be cut; else a SampleError that names the settings which would work."""
+    """The core's ``template(fallback)`` for a rank that saw no sample within the budget: the user's
+    ``filler_sample`` if given (checked against the budget at construction); else the cheapest over-budget
+    sample it saw cut to the budget; else (map-style) the first of up to 16 indices of its order whose sample
+    fits or can be cut; else a SampleError that names the settings which would work."""
     fits, s = loader.fits, loader.settings
     fixes = "pass filler_sample=<a processed sample within the budget>" + (
         " or use mode='join'" if s.placement is None else "")
 
     def template(fallback):
+        if s.filler_sample is not None:  # a rank with no sample at all (an empty stream) included
+            return s.filler_sample
         candidates = [] if order is None else (order or list(range(min(len(loader.dataset), 16))))[:16]
         samples = []  # preprocessed one at a time: the first that fits ends the search
         for idx in candidates:
@@ -385,6 +388,6 @@ def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
                     lane=loader.rank % lanes, traced=trace is not None)
     eng = Engine(core=core, source=loader.source, group=loader.group.group, timeout_s=loader.timeout_s, trace=trace,
-                 queue_samples=loader.layout.window, stats=loader.stats)
+                 stats=loader.stats)
     eng.start()
     return eng
