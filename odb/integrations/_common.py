@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -408,18 +408,32 @@ class TrainStream:
                 "loader": loader_state, "progress": self.progress.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
+        """Resume from this rank's `state_dict()` (same rank and world size), or from every rank's merged
+        with `odb.merge_states` (on any number of ranks).  Strict: a loader state alone (it lacks the
+        progress), another rank's or world size's state and unknown keys raise `ConfigError`."""
+        from ..runtime.ledger import describe_state
+
+        if not isinstance(sd, Mapping) or "loader" not in sd:
+            raise ConfigError(f"TrainStream.load_state_dict got {describe_state(sd)}; it takes this rank's "
+                              "TrainStream.state_dict() (the loader's position and the progress), or every rank's "
+                              "merged with odb.merge_states(states) to resume on another number of ranks")
         sd = dict(sd)
-        if sd.pop("version", None) != 1:
-            raise ConfigError("TrainStream state has an unknown version; resume with the ODB version that wrote it")
-        for key, mine in (("rank", self.loader.rank), ("world_size", self.loader.world_size)):
-            got = sd.pop(key, None)
-            if got != mine:
-                raise ConfigError(f"cannot resume: state has {key}={got!r}, this run has {mine!r}; load this rank's own "
-                                  "state, or every rank's merged for this rank (resharded_state: another world size)")
-        self.loader.load_state_dict(sd.pop("loader"))
-        self.progress.load_state_dict(sd.pop("progress"))
-        if sd:
-            raise ConfigError(f"TrainStream state has unexpected keys {sorted(sd)}")
+        version, kind = sd.pop("version", None), sd.pop("kind", "rank")
+        if version != 1 or kind not in ("rank", "global"):
+            raise ConfigError(f"TrainStream state has version={version!r}, kind={kind!r}; this ODB reads version 1, "
+                              "kind 'rank' (TrainStream.state_dict) or 'global' (odb.merge_states)")
+        n, r = sd.pop("world_size", None), sd.pop("rank", None)
+        if kind == "rank" and n != self.loader.world_size:
+            raise ConfigError(f"cannot resume: the state is {describe_state({'loader': 0, 'rank': r, 'world_size': n})}"
+                              f", this run has {self.loader.world_size} ranks; merge every rank's TrainStream state "
+                              "of that checkpoint with odb.merge_states(states) and load the merged state on every rank")
+        if kind == "rank" and r != self.loader.rank:
+            raise ConfigError(f"cannot resume: the state is rank {r!r}'s, this is rank {self.loader.rank}; load each "
+                              "rank's own state, or every rank's merged with odb.merge_states(states)")
+        if set(sd) != {"loader", "progress"}:
+            raise ConfigError(f"TrainStream state has keys {sorted(sd)}; it needs exactly 'loader' and 'progress'")
+        self.loader.load_state_dict(sd["loader"])
+        self.progress.load_state_dict(sd["progress"])
 
 
 def gather_rank_states(local: dict) -> dict:
@@ -438,25 +452,13 @@ def gather_rank_states(local: dict) -> dict:
 
 
 def own_rank_state(sd: dict, rank: int, world_size: int) -> dict:
-    """This rank's `TrainStream` state from `gather_rank_states`: its own entry on the same world size,
-    else every rank's merged (`resharded_state`: elastic resume)."""
-    if sd.get("version") != 1 or "ranks" not in sd:
-        raise ConfigError("ODB checkpoint entry has an unknown format; it was not written by this ODB version")
+    """The state `TrainStream.load_state_dict` takes on `rank` of `world_size` from a `gather_rank_states`
+    entry: this rank's own on the same world size, else every rank's merged (`odb.merge_states`)."""
+    from ..runtime.ledger import describe_state, merge_states
+
+    if not isinstance(sd, Mapping) or sd.get("version") != 1 or "ranks" not in sd:
+        raise ConfigError(f"the ODB checkpoint entry is {describe_state(sd)}, not a gather_rank_states entry "
+                          "(version 1, 'ranks'); it was not written by ODBAccelerate or ODBDataModule")
     if sd.get("world_size") == world_size:
         return sd["ranks"][rank]
-    return resharded_state(sd["ranks"], rank, world_size)
-
-
-def resharded_state(states: list, rank: int, world_size: int) -> dict:
-    """The `TrainStream` state of `rank` of `world_size` from every rank's `TrainStream.state_dict` at one
-    checkpoint of a run with any number of ranks: the loaders' states merged (`odb.merge_states`:
-    refused for a sampler's or a stream's, for a missing rank, for states of different steps) and the
-    progress, which every rank holds alike (refused if it differs)."""
-    from ..runtime.ledger import merge_states
-
-    progress = [s.get("progress") for s in states]
-    if any(p != progress[0] for p in progress):
-        raise ConfigError(f"the checkpoint's ranks disagree on the training progress ({progress}): the states are "
-                          "not from one checkpoint")
-    return {"version": 1, "rank": rank, "world_size": world_size,
-            "loader": merge_states([s["loader"] for s in states]), "progress": progress[0]}
+    return merge_states(sd)

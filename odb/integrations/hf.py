@@ -41,7 +41,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from ..batching.collate import pad_collate
 from ..errors import ConfigError
-from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option, resharded_state,
+from ..runtime.ledger import merge_states
+from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option,
                       sample_scheduler, weighted_loss, window_weights)
 
 __all__ = ["ODBTrainerMixin", "ODBTrainer", "ODBSeq2SeqTrainer", "STATE_FILE"]
@@ -147,7 +148,7 @@ class _SampleProgress(ProgressCallback):
 
 def _resume_state(folder: str, loader) -> dict:
     """This rank's stream state from a checkpoint folder's ``odb_rank<r>.pt`` files: its own file when the
-    checkpoint was written by as many ranks, else every file merged (elastic resume; `resharded_state`)."""
+    checkpoint was written by as many ranks, else every file merged (elastic resume; `odb.merge_states`)."""
     paths = sorted(glob.glob(os.path.join(folder, STATE_FILE.format(rank="*"))))
     if not paths:
         raise ConfigError(f"resuming from {folder}: no {STATE_FILE.format(rank='<r>')} there (not written by an "
@@ -156,7 +157,7 @@ def _resume_state(folder: str, loader) -> dict:
     sizes = {s.get("world_size") for s in states}
     if sizes == {loader.world_size} and len(states) == loader.world_size:
         return next(s for s in states if s.get("rank") == loader.rank)
-    return resharded_state(states, loader.rank, loader.world_size)
+    return merge_states(states)
 
 
 class ODBTrainerMixin:

@@ -15,6 +15,10 @@ Re-sharding needs the loader's own order (no ``sampler``, map-style): fixed shar
 slices of one ``seed + epoch`` permutation (rank r of N holds its positions ``r, r + N, ...``), dealt
 positions are global already.  A ``sampler`` or an IterableDataset decides each rank's samples itself,
 so ODB cannot re-shard them: merging their states is refused.
+
+A state that wraps a loader state under ``"loader"`` (`odb.integrations.TrainStream.state_dict`: plus
+``"rank"`` and fields every rank holds alike, the training progress) merges the same way: the loader
+states merged, the other fields kept once (`merge_states`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["EpochLedger", "STATE_VERSION", "ranges", "merge_states"]
+__all__ = ["EpochLedger", "STATE_VERSION", "ranges", "merge_states", "describe_state"]
 
 # 4: 'shuffle', and each rank's 'base' (the positions a merged state gave it); 3: 'kind', 'order', 'mode' and the
 # consumed steps and samples (elastic resume).  2 and 3 still load.
@@ -151,21 +155,67 @@ class EpochLedger:
         self.loaded = True
 
 
-def merge_states(states: Sequence[Mapping]) -> dict:
-    """One ``"global"`` state from every rank's `ODBDataLoader.state_dict` at one checkpoint (rank order
-    or not), for a loader on any number of ranks (the module docstring).
+def describe_state(state) -> str:
+    """What `state` is, in words, for the refusals of the functions that load or merge states."""
+    if not isinstance(state, Mapping):
+        return f"a {type(state).__name__}, not a state"
+    kind, rank, n = state.get("kind", "rank"), state.get("rank"), state.get("world_size")
+    if "ranks" in state:
+        return f"a gather_rank_states entry (the states of {n!r} ranks, as ODBAccelerate and ODBDataModule save them)"
+    if "loader" in state:
+        return "a merged TrainStream state" if kind == "global" else \
+            f"rank {rank!r}'s TrainStream.state_dict() of {n!r} ranks"
+    if "sharding" in state:
+        return "a merged ODBDataLoader state" if kind == "global" else \
+            f"rank {rank!r}'s ODBDataLoader.state_dict() of {n!r} ranks"
+    return f"a mapping with keys {sorted(map(str, state))}, not an ODB state"
 
-    Refused with ConfigError, never merged: a missing or repeated rank, states of different world
-    sizes, seeds, shardings, epochs, modes or orders, a sampler's or a stream's states (not
-    re-shardable), a position yielded by two ranks, and states from different checkpoints (PAD and
-    QUOTA: every rank consumed the same steps and samples; JOIN: every rank that had not ended did)."""
+
+def merge_states(states: Sequence[Mapping] | Mapping) -> dict:
+    """One ``"global"`` state from every rank's state at one checkpoint (rank order or not), which loads
+    on any number of ranks (the module docstring).
+
+    `states`: every rank's `ODBDataLoader.state_dict()` (gives a merged loader state, for
+    ``ODBDataLoader.load_state_dict``), or every rank's `TrainStream.state_dict()` (a merged stream
+    state, for ``TrainStream.load_state_dict``; so also an ``ODBTrainer``'s ``odb_rank<r>.pt`` files),
+    or one `gather_rank_states` entry (ODBAccelerate's and ODBDataModule's: its ranks' stream states).
+
+    Refused with ConfigError, never merged: states of mixed kinds or already merged, a missing or
+    repeated rank, states of different world sizes, seeds, shardings, epochs, modes or orders, or
+    whose training progress differs, a sampler's or a stream's states (not re-shardable), a position
+    yielded by two ranks, and states from different checkpoints (PAD and QUOTA: every rank consumed
+    the same steps and samples; JOIN: every rank that had not ended did)."""
+    if isinstance(states, Mapping):
+        if "ranks" not in states:
+            raise ConfigError(f"merge_states takes every rank's state of one checkpoint in a list; got one state, "
+                              f"{describe_state(states)}: pass [state of rank 0, state of rank 1, ...]")
+        if not isinstance(states["ranks"], (list, tuple)) or states.get("world_size") != len(states["ranks"]):
+            raise ConfigError(f"the gather_rank_states entry has world_size={states.get('world_size')!r} and "
+                              f"{type(states['ranks']).__name__} 'ranks'; it is damaged")
+        states = states["ranks"]
+    states = list(states)
     if not states:
         raise ConfigError("merge_states needs every rank's state; got none")
-    recs: dict[int, Mapping] = {}
+    wrapped = [isinstance(st, Mapping) and "loader" in st for st in states]
+    if any(wrapped):
+        if not all(wrapped):
+            what = "; ".join(f"state {k}: {describe_state(st)}" for k, st in enumerate(states))
+            raise ConfigError(f"merge_states got states of different kinds ({what}); pass every rank's state of one "
+                              "kind, all TrainStream.state_dict() or all ODBDataLoader.state_dict()")
+        return _merge_wrapped(states)
+    return _merge_loader_states(states)
+
+
+def _merge_loader_states(states: list) -> dict:
+    """`merge_states` of every rank's `ODBDataLoader.state_dict()`."""
     for k, st in enumerate(states):
         if not isinstance(st, Mapping) or st.get("kind", "rank") != "rank" or st.get("version") not in (3, STATE_VERSION):
-            raise ConfigError(f"state {k} is not a version-3 or -{STATE_VERSION} per-rank ODBDataLoader.state_dict "
-                              f"(version {st.get('version') if isinstance(st, Mapping) else None!r})")
+            raise ConfigError(f"state {k} is {describe_state(st)} (version "
+                              f"{st.get('version') if isinstance(st, Mapping) else None!r}); merge_states takes every "
+                              f"rank's own ODBDataLoader.state_dict() (version 3 or {STATE_VERSION}) or "
+                              "TrainStream.state_dict(); a merged state loads on any number of ranks as it is")
+    recs: dict[int, Mapping] = {}
+    for st in states:
         r = st.get("rank")
         if r in recs:
             raise ConfigError(f"two states for rank {r}; pass each rank's state once (from one checkpoint)")
@@ -218,6 +268,23 @@ def merge_states(states: Sequence[Mapping]) -> dict:
             "samples": max(row["samples"] for row in rows)}
 
 
+def _merge_wrapped(states: list) -> dict:
+    """`merge_states` of states that wrap a loader state under "loader": the loader states merged, "rank"
+    dropped, every other field (the progress) kept once and refused if the ranks differ in it."""
+    for k, st in enumerate(states):
+        if st.get("kind", "rank") != "rank":
+            raise ConfigError(f"state {k} is {describe_state(st)}: it loads on any number of ranks as it is; "
+                              "merge_states takes every rank's own TrainStream.state_dict()")
+    shared = [{key: v for key, v in st.items() if key not in ("loader", "rank")} for st in states]
+    for key in sorted(set().union(*shared)):
+        vals = [sh.get(key) for sh in shared]
+        if any(v != vals[0] for v in vals):
+            raise ConfigError(f"the states disagree on the training progress or another field that every rank holds "
+                              f"alike ({key!r}: {vals}); they are not from one checkpoint: save every rank's state "
+                              "after the same optimizer step")
+    return {**shared[0], "kind": "global", "loader": _merge_loader_states([st["loader"] for st in states])}
+
+
 def _same_checkpoint(rows: list[dict], mode: str) -> None:
     """Refuse states taken at different points (module docstring of `merge_states`)."""
     live = [(r, row) for r, row in enumerate(rows) if not (mode == "join" and row["complete"])]
@@ -239,6 +306,10 @@ def _same_checkpoint(rows: list[dict], mode: str) -> None:
 def _check_common(state, *, seed: int, shuffle: bool, sharding: str) -> dict:
     if not isinstance(state, Mapping):
         raise ConfigError(f"state must be a mapping from ODBDataLoader.state_dict, got {type(state).__name__}")
+    if "loader" in state or "ranks" in state:
+        raise ConfigError(f"ODBDataLoader.load_state_dict got {describe_state(state)}, which holds the training "
+                          "progress too: load it with TrainStream.load_state_dict (after odb.merge_states for a "
+                          "gather_rank_states entry), or the adapter's own load_state_dict")
     sd = dict(state)
     version = sd.pop("version", None)
     if version not in (2, 3, STATE_VERSION) or isinstance(version, bool):
