@@ -103,3 +103,81 @@ def test_without_filler_sample_an_empty_stream_rank_is_told_to_pass_one(tmp_path
     res = _run(tmp_path, 2, shards=EMPTY_RANK, iterable=True, mode="pad", W=6, lengths=LENGTHS[:40])
     assert res[1].error_type == "SampleError" and "filler_sample" in res[1].error, (res[1].status, res[1].error)
     assert res[0].error_type == "RankFailure", (res[0].status, res[0].error)
+
+
+# -- data that silently differs from what the loader assumes ------------------------------------------------------
+
+def _own_shard(rank, world_size, spec):
+    """Each rank builds the loader on its own equal shard of a map-style dataset (as pipelines that shard
+    before the loader do), or on the whole dataset (``spec["whole"]``), optionally with random preprocessing."""
+    import random
+
+    import odb
+
+    from mp_harness import Samples, id_collate
+
+    class Noisy(Samples):  # random preprocessing: two reads of one index differ (a random crop, a template)
+        def __getitem__(self, i):
+            s, k = super().__getitem__(i), random.randint(0, 3)
+            return {**s, "input_ids": s["input_ids"] + [1] * k, "labels": s["labels"] + [1] * k}
+
+    full = list(range(200))
+    lengths = make_lengths(200, seed=1, lo=2, hi=40)
+    ids = full if spec.get("whole") else full[rank::world_size]
+    cls = Noisy if spec.get("noisy") else Samples
+    ds = cls([lengths[i] for i in ids])
+    ds.ids = ids
+    with odb.ODBDataLoader(ds, 128, id_collate, timeout_s=10, buffer_size=8) as loader:
+        return sum(len(odb.pop_step_info(b).indices) for b in loader)
+
+
+def test_ranks_given_their_own_shards_of_one_length_are_refused_on_every_rank_at_construction(tmp_path):
+    res = run_ranks(_own_shard, 2, tmp_path, args=({},), timeout_s=60)
+    for r in res:
+        assert r.error_type == "ConfigError", (r.status, r.error)
+        assert "different samples at the same position" in r.error and "whole dataset" in r.error
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_the_whole_dataset_on_every_rank_passes_the_probe_random_preprocessing_included(tmp_path, noisy):
+    res = run_ranks(_own_shard, 2, tmp_path, args=({"whole": True, "noisy": noisy},), timeout_s=60)
+    assert sum(_ok(res)) == 200
+
+
+def _streams(rank, world_size, spec):
+    """An IterableDataset split by rank or not (``spec["split"]``), or a map-style dataset with one sampler
+    for every rank; returns the warnings the consumer saw before its first batch, and the samples trained."""
+    import warnings
+
+    import odb
+    import odb.integrations
+
+    from mp_harness import ListSampler, Samples, Stream, id_collate
+
+    lengths = make_lengths(120, seed=2, lo=2, hi=40)
+    kw = {}
+    if spec.get("sampler"):
+        ds = Samples(lengths)
+        kw["sampler"] = ListSampler(range(0, 120) if not spec.get("split") else range(rank, 120, world_size))
+    else:
+        ds = Stream(lengths, range(rank, 120, world_size) if spec.get("split") else range(120))
+    with odb.ODBDataLoader(ds, 128, id_collate, timeout_s=10, buffer_size=8, mode="join", **kw) as loader:
+        with warnings.catch_warnings(record=True) as seen, odb.integrations.join_context(None, loader):
+            warnings.simplefilter("always")
+            it = iter(loader)
+            first = next(it)
+            before = [str(w.message) for w in seen]
+            n = len(odb.pop_step_info(first).indices) + sum(len(odb.pop_step_info(b).indices) for b in it)
+    return {"warned": before, "samples": n}
+
+
+@pytest.mark.parametrize("kind", ["stream", "sampler"])
+def test_a_stream_or_sampler_that_gives_every_rank_the_same_samples_is_named_before_the_first_batch(tmp_path,
+                                                                                                      kind):
+    values = _ok(run_ranks(_streams, 2, tmp_path, args=({"sampler": kind == "sampler"},), timeout_s=60))
+    for v in values:
+        assert any("ranks [0, 1] began the epoch with the same" in w and "Fix:" in w for w in v["warned"]), v
+    split = _ok(run_ranks(_streams, 2, tmp_path / "split", args=({"sampler": kind == "sampler", "split": True},),
+                          timeout_s=60))
+    assert not any("began the epoch with the same" in w for v in split for w in v["warned"])
+    assert sum(v["samples"] for v in split) == 120

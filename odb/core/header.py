@@ -18,7 +18,9 @@ Header fields, in order (`Header`):
     summary   S ints: the policy's summary of the window
     taken, cost, dry, reserve
               dealt sharding: items the rank's source returned this epoch, their summed
-              cost x ``COST_SCALE``, whether it ran dry, reserve positions it took itself
+              cost x ``COST_SCALE``, whether it ran dry, reserve positions it took itself; a stream's or a
+              sampler's round 0 posts in ``cost`` a digest of the window's first samples (`odb.core.rank`:
+              ``start_digest``), which no decision reads
     intake    L ints: `odb.batching.deal.policy_intake` of the window (zeros unless dealing)
     fills     W ints, only in a layout with ``exchange`` (`odb.core.rank`, the round exchange): the fill of
               each batch of the round before (``odb.batching.exchange.batch_fill``, pool batch order), -1 for

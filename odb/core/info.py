@@ -174,6 +174,8 @@ class LoaderStats:
     exchange_bytes: int = 0         # bytes it sent and received for them (pickled samples)
     exchange_s: float = 0.0         # time the engine spent in the exchange's transfers (includes peers' lag)
     exchange_plan_s: float = 0.0    # time this rank spent planning the exchange (a replicated decision)
+    same_start: list = field(default_factory=list)  # a stream or a sampler: groups of ranks whose last pass
+                                                    # began with the same samples (gathered; `odb.core.rank`)
 
     def as_dict(self) -> dict:
         return asdict(self)

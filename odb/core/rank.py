@@ -41,6 +41,7 @@ from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
 from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
+from .fingerprint import content_digest, equal_groups
 from .info import LoaderStats, step_info
 from .placement import stage_for
 from .replica import Replicated
@@ -54,6 +55,10 @@ _STATUS = {CLOSED: "stopped iterating (close(), a break out of the loop, or garb
 # have been released in an epoch and not one label token among them, the data carries no labels
 # and every loss_scale would be 0: every rank raises (`RankCore._release`).
 NO_LABELS_AFTER = 64
+# `start_digest`: the first samples of a rank's window compared across ranks.  4: two ranks of a stream split by
+# rank that start with the same 4 samples are all but impossible with real data; a stream not split by rank
+# starts alike on every rank.
+START_SAMPLES = 4
 
 
 _SIZES = attrgetter("sizes")
@@ -93,12 +98,18 @@ class RankCore:
         pool's one core releases every lane's batches (`Batch.lane`).
     :param traced: build each row's trace fields (`Out.trace`: the gathered headers' projections, O(N) a
         round); False (no trace written) leaves `Out.trace` None.
+    :param start_digest: the rank's samples come from a stream or a sampler, not the loader's own order (whose
+        positions are disjoint by construction): round 0's header posts, in its ``cost`` field (dealt sharding's
+        only), a `odb.core.fingerprint.content_digest` of the window's first `START_SAMPLES` samples, and the
+        ranks that posted the same one are recorded in ``stats.same_start`` (the loader warns: each trains the
+        others' samples).
     """
 
     def __init__(self, *, rank: int, world_size: int, mode: int, policy, cost, replica: Replicated,
                  layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
-                 template: Callable[[], Any], lane: int | None = 0, traced: bool = True):
+                 template: Callable[[], Any], lane: int | None = 0, traced: bool = True, start_digest: bool = False):
         self.rank, self.world_size, self.mode, self.traced = rank, world_size, mode, traced
+        self.start_digest = start_digest and not replica.order
         self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
         self.W = layout.window
@@ -189,6 +200,8 @@ class RankCore:
         self.layout.check_reduced(gathered)
         self._totals, self._tokens_max = gathered.totals, gathered.tokens_max
         self._decision = self.replica.decide(self._rows)
+        if self.start_digest and self._posted == 1:  # the gathered digests: every rank records the same groups
+            self.stats.same_start = equal_groups(self._rows.values("cost"))
         s = machine.step(DGAP, self.local, self._decision.inputs, self.cfg, self._choose, self._selected)
         return self._effects(s)
 
@@ -362,9 +375,12 @@ class RankCore:
         self._prepared = None
         digest = self.replica.digest()
         fills, counts = self.placement.posted()
+        cost = self._cost_taken
+        if self.start_digest and self._posted == 0 and self._window:
+            cost = content_digest(it.sample for it in self._window[:START_SAMPLES])
         header = self.layout.encode(
             st=s.payload["st"], round=self._posted, n=s.payload["n"], epoch=self.epoch, digest=digest,
-            summary=summary, taken=self.source.pulled, cost=self._cost_taken, dry=int(self.source.dry),
+            summary=summary, taken=self.source.pulled, cost=cost, dry=int(self.source.dry),
             reserve=self.source.reserve_taken, intake=intake, fills=fills)
         self._posted += 1
         trace = {"round": self._posted - 1, "summary": summary, "replicated": [self.epoch, *digest]}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, Receipts, attach_step_info
 from ..core.placement import pool_aheads
-from ..core.rank import RankCore
+from ..core.rank import START_SAMPLES, RankCore
 from ..core.types import Batch
 from ..core.replica import Replicated
 from ..core.shared import describe_cost
@@ -316,6 +316,8 @@ class Pass:
             st.padded_tokens += len(b.sizes) * max(b.sizes)
         if st.oversize > self._oversize0:
             self._announce_oversize()
+        if self._yielded == 0 and st.same_start:
+            self._announce_same_start(st.same_start)
         self._yielded += 1
         self._observer.batch(info, b.sizes if not info.filler else ())
         return batch
@@ -332,6 +334,22 @@ class Pass:
                       f"{use:.2f}x the budget (dataset index {index}, sizes {tuple(sizes)}); {what}. Raise "
                       "token_budget, truncate samples in preprocessing, or set oversize='skip' or 'error'. The "
                       "epoch's summary (logging 'odb') repeats the count", stacklevel=3)
+
+    def _announce_same_start(self, groups: list) -> None:
+        """Ranks whose samples of this epoch began alike (`odb.core.rank`'s ``start_digest``): on every rank,
+        before its first batch is trained."""
+        loader = self._loader
+        what = "; ".join(f"ranks {g}" for g in groups)
+        src = ("its IterableDataset" if loader.order_kind == "stream" else "its sampler")
+        fix = ("split the stream by rank (datasets.distributed.split_dataset_by_node(ds, rank, world_size), or "
+               "skip all but every world_size-th sample by torch.distributed.get_rank() in __iter__)"
+               if loader.order_kind == "stream" else
+               "give each rank its own indices (torch's DistributedSampler), or drop sampler= and let the loader "
+               "shard the dataset")
+        warnings.warn(f"rank {loader.rank}, epoch {self.epoch}: {what} began the epoch with the same "
+                      f"{START_SAMPLES} samples (their content digests are equal): each rank reads the same data "
+                      f"from {src}, so every sample trains on each of them. Fix: {fix}. If every rank is meant to "
+                      "read the same samples (a synthetic benchmark), ignore this", stacklevel=3)
 
     def _stop(self, status: int) -> None:
         if self.open:
@@ -386,7 +404,7 @@ def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
     core = RankCore(rank=loader.rank, world_size=loader.world_size, mode=MODES[s.mode], policy=loader.policy,
                     cost=loader.cost, replica=replica, layout=loader.layout, source=loader.source,
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
-                    lane=loader.rank % lanes, traced=trace is not None)
+                    lane=loader.rank % lanes, traced=trace is not None, start_digest=loader.order_kind != "own")
     eng = Engine(core=core, source=loader.source, group=loader.group.group, timeout_s=loader.timeout_s, trace=trace,
                  stats=loader.stats)
     eng.start()

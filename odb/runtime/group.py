@@ -14,10 +14,32 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.fingerprint import content_digest
 from ..core.shared import PARAMETERS, Shared, mismatches
 from ..errors import ConfigError, RankFailure
 
-__all__ = ["LoaderGroup", "group_size"]
+__all__ = ["LoaderGroup", "group_size", "dataset_probe", "PROBES"]
+
+# The construction check's probe of a map-style dataset in the loader's own order: the samples at these
+# positions (the first and the middle index) on every rank, each read twice.  Cost: 2 PROBES samples
+# preprocessed per rank at construction, in the constructing thread.
+PROBES = 2
+PROBE_POSITIONS = ("first", "middle")
+
+
+def dataset_probe(dataset, n: int) -> tuple[int, ...]:
+    """`odb.core.fingerprint.content_digest` of ``dataset[0]`` and ``dataset[n // 2]`` (n: its length), each
+    read twice: 0 where the two reads differ (random preprocessing: nothing to compare), a read raises or
+    returns None (the loader reports those when it reads them)."""
+    out = []
+    for i in (0, n // 2)[:PROBES]:
+        try:
+            a, b = dataset[i], dataset[i]
+            da = content_digest([a]) if a is not None else 0
+            out.append(da if da and da == content_digest([b]) else 0)
+        except Exception:  # noqa: BLE001 - this position is not compared; the pass reports its error with its index
+            out.append(0)
+    return tuple(out) if n else (0,) * PROBES
 
 
 def group_size(process_group) -> int:
@@ -78,26 +100,29 @@ class LoaderGroup:
             raise RankFailure(f"rank {self.rank}: {what} did not complete within timeout_s={self.timeout_s}: a "
                               f"peer rank died or {absent}. gloo said: {str(e)[:300]}") from None
 
-    def agree(self, shared: Shared | None, ahead: int, failure: BaseException | None = None) -> tuple[int, ...]:
-        """The construction check: one fixed-shape all-gather of `Shared` (every field compared) and of
-        each rank's prefetch (gathered, not compared: the deals read every rank's).  A mismatch is a
-        ConfigError on every rank naming each setting and every rank's value.  A rank whose own
-        construction failed (`failure`, `shared` None) posts that instead, and every rank raises at once:
-        it re-raises its error, the others a ConfigError quoting it.  Returns the prefetches."""
+    def agree(self, shared: Shared | None, ahead: int, failure: BaseException | None = None,
+              probe: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """The construction check: one fixed-shape all-gather of `Shared` (every field compared), of each
+        rank's `dataset_probe` and of its prefetch (gathered, not compared: the deals read every rank's).  A
+        mismatch is a ConfigError on every rank naming each setting and every rank's value; so are probes
+        that differ at a position every rank read alike twice (each rank was given another dataset).  A rank
+        whose own construction failed (`failure`, `shared` None) posts that instead, and every rank raises at
+        once: it re-raises its error, the others a ConfigError quoting it.  Returns the prefetches."""
         if self.group is None:
             if failure is not None:
                 raise failure
             return (int(ahead),)
         width = len(Shared.names())
+        probe = tuple(probe) + (0,) * (PROBES - len(probe))
         send = torch.tensor([int(failure is not None)] + ([0] * width if shared is None else shared.vector())
-                            + [int(ahead)], dtype=torch.int64)
+                            + list(probe[:PROBES]) + [int(ahead)], dtype=torch.int64)
         every = [torch.empty_like(send) for _ in range(self.world_size)]
         # SYNC: every rank reaches this once per loader, right after creating its group
         self._gather("the construction check of ODBDataLoader", "did not construct its loader",
                      lambda: torch.distributed.all_gather(every, send, group=self.group))
         rows = [t.tolist() for t in every]
         failed = [r for r, row in enumerate(rows) if row[0]]
-        bad = [] if failed else mismatches([row[1:] for row in rows])
+        bad = [] if failed else mismatches([row[1:1 + width] for row in rows])
         if failed or bad:  # every rank gathered the same rows, so every rank takes this branch and gathers the text
             texts: list = [None] * self.world_size
             mine = f"{type(failure).__name__}: {failure}" if failure is not None else shared.describe()
@@ -114,9 +139,24 @@ class LoaderGroup:
             what = "; ".join(f"{name} ({PARAMETERS[name]}): " +
                              ", ".join(f"rank {r} {t[col[name]]}" for r, t in enumerate(texts)) for name in bad)
             raise ConfigError(f"rank {self.rank}: the ranks built this ODBDataLoader differently ({what}); every "
-                              "rank must pass the same settings (and a dataset of the same length): each rank "
-                              "would decide the rounds differently, repeating and losing samples")
+                              "rank must pass the same settings and the same whole dataset (the loader shards it): "
+                              "each rank would decide the rounds differently, repeating and losing samples")
+        self._check_probes([row[1 + width:1 + width + PROBES] for row in rows])
         return tuple(row[-1] for row in rows)
+
+    def _check_probes(self, probes: list) -> None:
+        """ConfigError on every rank (the rows are gathered) if the ranks read different samples at a probed
+        position that every rank read alike twice."""
+        for k, col in enumerate(zip(*probes)):
+            if all(col) and len(set(col)) > 1:
+                pos = PROBE_POSITIONS[k]
+                raise ConfigError(
+                    f"rank {self.rank}: the ranks hold different samples at the same position of the dataset (the "
+                    f"{pos} position: content digests {', '.join(f'rank {r} {v:x}' for r, v in enumerate(col))}): "
+                    "each rank was given its own dataset of the same length (e.g. its own shard, full[rank::N]), "
+                    "and the loader would deal positions of it as if every rank held them all, so most samples "
+                    "would never train. Give every rank the whole dataset (the loader shards it), or pass "
+                    "sampler= to choose each rank's samples yourself")
 
     def gather_done(self, mine: list) -> list:
         """Dealt sharding, at every pass start: every rank's yielded ranges."""

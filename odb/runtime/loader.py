@@ -31,7 +31,7 @@ from ..core.placement import check_pool
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
-from .group import LoaderGroup, group_size
+from .group import LoaderGroup, dataset_probe, group_size
 from .ledger import EpochLedger
 from ..settings import LoaderSettings, settings_help
 from .source import Source, shard_order
@@ -97,8 +97,9 @@ class ODBDataLoader:
         self.rank, self.world_size = self.group.rank, self.group.world_size
         try:  # every rank's prefetch, gathered with the compared settings (or this rank's failure)
             self.aheads = self.group.agree(  # every rank's prefetch, gathered
-                None if failure else self.shared,
-                                             0 if failure else self.source.ahead, failure)
+                None if failure else self.shared, 0 if failure else self.source.ahead, failure,
+                probe=() if failure or self.group.world_size == 1 or self.order_kind != "own"
+                else dataset_probe(self.dataset, len(self.dataset)))
         except BaseException:
             self._close_source()
             self.group.destroy()
