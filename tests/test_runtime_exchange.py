@@ -176,6 +176,7 @@ def test_a_batch_that_cannot_be_pickled_stops_every_rank_through_the_table(tmp_p
     assert "SampleError" in kinds and kinds <= {"SampleError", "RankFailure"}, errors
     assert "cannot send dataset indices" in errors[1][1] and "pickl" in errors[1][1], errors
     assert "or pass placement=None" in errors[1][1], errors  # the way out, now that the exchange is the default
+    assert "(placement=odb.Exchanged(pool=1, slack=0.0))" in errors[1][1], errors  # as passed, not "the default"
     assert [e[0] for e in errors].count("SampleError") == 2, errors
     assert any("lost the batches of rank 1" in e[1] for e in errors), errors
     steps = {len(r.value["steps"]) for r in res}

@@ -181,3 +181,67 @@ def test_a_stream_or_sampler_that_gives_every_rank_the_same_samples_is_named_bef
                           timeout_s=60))
     assert not any("began the epoch with the same" in w for v in split for w in v["warned"])
     assert sum(v["samples"] for v in split) == 120
+
+
+# -- messages that say what happened ------------------------------------------------------------------------------
+
+def test_a_peer_that_dies_is_reported_as_a_failure_before_the_timeout_not_as_a_timeout(tmp_path):
+    res = _run(tmp_path, 2, W=4, die_at=2, die_rank=1, timeout_s=30, proc_timeout=60)
+    assert res[1].status == "died"
+    err = res[0]
+    assert err.error_type == "RankFailure", (err.status, err.error)
+    assert "before timeout_s=30" in err.error and "not a timeout" in err.error and "torch said" in err.error
+    assert err.seconds < 25
+
+
+def test_a_collective_failure_message_tells_a_timeout_from_an_earlier_error():
+    from odb.runtime.group import collective_failure
+
+    e = RuntimeError("Connection refused")
+    early = collective_failure("rank 0: creating the group", 0.4, 120.0, "a rank did not construct one", e)
+    assert "failed after 0.4 s, before timeout_s=120.0 (not a timeout" in early and "Connection refused" in early
+    late = collective_failure("rank 0: creating the group", 119.0, 120.0, "a rank did not construct one", e)
+    assert "did not complete within timeout_s=120.0: a rank did not construct one" in late
+
+
+def test_an_exchange_with_a_pool_that_cannot_run_is_named_as_passed():
+    import odb
+    from odb.core.placement import check_pool, placement_label
+    from odb.errors import ConfigError
+
+    name = placement_label(odb.Exchanged(pool=3))
+    with pytest.raises(ConfigError, match=r"^placement=odb\.Exchanged\(pool=3, slack=0\.0\): a pool of 3 does not"):
+        check_pool(4, 3, "pad", "dealt", name=name)
+    assert placement_label("auto") == "placement='auto' (the default)" and placement_label(None) == "placement=None"
+
+
+def test_len_of_the_loader_says_what_to_use_instead_and_frameworks_still_see_no_length():
+    import odb
+
+    from mp_harness import Samples
+
+    with odb.ODBDataLoader(Samples([3] * 10), 64) as loader:
+        with pytest.raises(TypeError, match="sample_scheduler"):
+            len(loader)
+        assert bool(loader)
+        try:  # what HF's has_length and Lightning's has_len do
+            len(loader)
+            sized = True
+        except TypeError:
+            sized = False
+        assert not sized and len(list(loader)) > 0  # list() does not take the TypeError for a length
+
+
+@pytest.mark.parametrize("output", [{"logits": "x"}, (None, "x")])
+def test_a_batch_without_labels_gets_an_error_naming_them_not_a_key_error(output):
+    import torch
+
+    from odb.errors import ConfigError
+    from odb.integrations import weighted_loss
+
+    logits = torch.ones(2, requires_grad=True)
+    out = {"logits": logits} if isinstance(output, dict) else (None, logits)
+    with pytest.raises(ConfigError, match="no 'labels'"):
+        weighted_loss(out, 0.5)
+    assert float(weighted_loss(out, 0.0)) == 0.0  # a zero weight needs no loss
+    assert float(weighted_loss({"loss": torch.tensor(2.0), "logits": logits}, 0.5)) == 1.0

@@ -55,7 +55,7 @@ from ..protocol.table import JOIN
 from .header import Header, HeaderLayout, Headers
 from .types import Batch
 
-__all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "resolve_placement", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
+__all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "placement_label", "resolve_placement", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
            "check_pool", "pool_rows", "pool_aheads",
            "lane_of", "lane_proposal", "lane_steps"]
 
@@ -129,6 +129,13 @@ def resolve_placement(value: "Pooled | Exchanged | str | None", *, world: int, m
     if value != AUTO:
         return value
     return DEFAULT_EXCHANGE if world >= 2 and mode in ("pad", "quota") and sharding == "dealt" else None
+
+
+def placement_label(value: "Pooled | Exchanged | str | None") -> str:
+    """The ``placement=`` setting as the user wrote it, for messages."""
+    if value == AUTO:
+        return "placement='auto' (the default)"
+    return "placement=None" if value is None else f"placement=odb.{value!r}"
 
 
 def placement_of(value: Any) -> "Pooled | Exchanged | str | None":
@@ -381,29 +388,32 @@ def stage_for(layout: HeaderLayout, *, rank: int, lane: int | None, filler: Call
 
 
 # -- pooled windows: the rules every pooled stage and the replicated decision share -------------------------
-def check_pool(world_size: int, lanes: int, mode: str, sharding: str, aheads: Sequence[int] = ()) -> None:
+def check_pool(world_size: int, lanes: int, mode: str, sharding: str, aheads: Sequence[int] = (),
+               name: str | None = None) -> None:
     """ConfigError unless `lanes` ranks per pool can run here: they divide the world, PAD mode (every
     lane runs the same steps a round), dealt sharding (the pool's lanes read one dealt order), and the
     lanes of a pool read ahead alike (`aheads`, every rank's prefetch as gathered: a source reads its
     i-th key when its core takes item ``i - ahead``, so a lane that reads further ahead would take a
-    reserve position in another round than its pool's other lanes)."""
+    reserve position in another round than its pool's other lanes).  `name`: the setting as the user
+    passed it (`placement_label`), for the messages; default ``odb.Pooled(lanes)``."""
+    name = name or f"odb.Pooled({lanes!r})"
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-        raise ConfigError(f"odb.Pooled({lanes!r}) is not valid: it must be an int >= 1 (ranks sharing one window)")
+        raise ConfigError(f"{name} is not valid: its pool must be an int >= 1 (ranks sharing one window)")
     if lanes == 1:
         return
     if world_size % lanes:
-        raise ConfigError(f"odb.Pooled({lanes}) does not divide the {world_size} ranks of the loader's group; use "
-                          "the ranks per host (torchrun's --nproc-per-node) or 1")
+        raise ConfigError(f"{name}: a pool of {lanes} does not divide the {world_size} ranks of the loader's group; "
+                          "use the ranks per host (torchrun's --nproc-per-node) or 1")
     if mode != "pad":
-        raise ConfigError(f"odb.Pooled({lanes}) needs mode='pad' (got {mode!r}): a pool's ranks split each round's "
-                          "batches and run zero-weight fillers where the split is uneven")
+        raise ConfigError(f"{name}: a pool of {lanes} needs mode='pad' (got {mode!r}): a pool's ranks split each "
+                          "round's batches and run zero-weight fillers where the split is uneven")
     if sharding != "dealt":
-        raise ConfigError(f"odb.Pooled({lanes}) needs dealt sharding (got {sharding!r}): every rank of a pool reads "
-                          "the pool's dealt positions; a sampler or an IterableDataset decides each rank's own")
+        raise ConfigError(f"{name}: a pool of {lanes} needs dealt sharding (got {sharding!r}): every rank of a pool "
+                          "reads the pool's dealt positions; a sampler or an IterableDataset decides each rank's own")
     for p in range(len(aheads) // lanes):
         mine = list(aheads[p * lanes:(p + 1) * lanes])
         if len(set(mine)) > 1:
-            raise ConfigError(f"odb.Pooled({lanes}): ranks {p * lanes}..{p * lanes + lanes - 1} read ahead "
+            raise ConfigError(f"{name}: ranks {p * lanes}..{p * lanes + lanes - 1} read ahead "
                               f"{mine} samples (num_workers x prefetch_factor); a pool's ranks must read its "
                               "samples in step, so give them the same num_workers and prefetch_factor")
 

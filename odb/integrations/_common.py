@@ -95,7 +95,17 @@ def weighted_loss(output: Any, weight: float) -> torch.Tensor:
     """
     if weight == 0:
         return _part(output, "logits", 1).sum() * 0.0
-    return _part(output, "loss", 0) * weight
+    try:
+        loss = _part(output, "loss", 0)
+    except (KeyError, AttributeError, IndexError):
+        loss = None
+    if loss is None:
+        raise ConfigError(
+            f"weighted_loss: the model's output ({type(output).__name__}) holds no loss: the batch had no 'labels' "
+            "(a collate_fn that drops them, or a dataset without them), so the model computed none. Keep 'labels' "
+            "in the batch (odb.batching.pad_collate pads them with -100), or compute the loss yourself and pass "
+            "(loss, logits)")
+    return loss * weight
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from ..core.rank import RankCore
 from ..core.types import CLOSED, FAILED, OK, Batch
 from ..errors import ProtocolError, RankFailure
 from ..protocol.table import DGAP
+from .group import collective_failure
 from .trace import TraceWriter
 from .transport import BatchTransfer, HeaderGather, counts_mode
 
@@ -58,7 +59,8 @@ class Engine:
     """Runs one pass of `core` in a daemon thread (module docstring); every collective is bounded by
     ``timeout_s``."""
 
-    def __init__(self, *, core: RankCore, source, group, timeout_s: float, trace: TraceWriter | None, stats):
+    def __init__(self, *, core: RankCore, source, group, timeout_s: float, trace: TraceWriter | None, stats,
+                 placement: str = "placement='auto' (the default)"):
         self.core, self.group, self.timeout_s, self.trace, self.stats = core, group, timeout_s, trace, stats
         self.rank, self.world_size, self.epoch = core.rank, core.world_size, core.epoch
         self.source = source
@@ -71,7 +73,7 @@ class Engine:
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
         self.transport = HeaderGather(group, self.world_size, counts_mode(self.world_size, lay.length, lay.steps))
-        self.transfer = BatchTransfer(group) if lay.exchange else None
+        self.transfer = BatchTransfer(group, placement) if lay.exchange else None
         self.thread = threading.Thread(target=self._run, name=f"odb-engine-rank{self.rank}", daemon=True)
 
     # -- control ---------------------------------------------------------------
@@ -196,13 +198,14 @@ class Engine:
         self.transport.post(post)
 
     def _wait(self) -> Gathered:
+        t0 = time.monotonic()
         try:
             return self.transport.collect(self.timeout_s)
         except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
-            raise RankFailure(
-                f"rank {self.rank}: the header collective of round {self.core.posted - 1} did not complete within "
-                f"timeout_s={self.timeout_s}: a peer rank died, hung, or stopped iterating without close(). "
-                f"gloo said: {type(e).__name__}: {str(e)[:300]}") from None
+            raise RankFailure(collective_failure(
+                f"rank {self.rank}: the header collective of round {self.core.posted - 1}", time.monotonic() - t0,
+                self.timeout_s, "a peer rank hung, stopped iterating without close(), or its consumer paused "
+                "alone longer than that (a pause every rank takes at the same step is not counted)", e)) from None
 
     def _exchange(self, out) -> dict:
         """The round exchange's moves the collect just planned (`odb.core.rank`): every rank makes its own,
@@ -215,10 +218,9 @@ class Engine:
             raise
         except Exception as e:  # gloo raises RuntimeError (timeout, peer closed the connection)
             peers = sorted({int(q) for q, _, _ in out.send} | {int(r) for r, _ in out.expect})
-            raise RankFailure(
-                f"rank {self.rank}: the round exchange after round {self.core.posted - 1} (with ranks {peers}) did not "
-                f"complete within timeout_s={self.timeout_s}: a peer rank died or hung. gloo said: "
-                f"{type(e).__name__}: {str(e)[:300]}") from None
+            raise RankFailure(collective_failure(
+                f"rank {self.rank}: the round exchange after round {self.core.posted - 1} (with ranks {peers})",
+                time.perf_counter() - t0, self.timeout_s, "a peer rank hung", e)) from None
         for e in errors:  # the data's (a batch that cannot be pickled): this rank stops through the table
             self._local_error(e)
         if self.core.receiving:  # a core that only sends has placed its batches already

@@ -406,6 +406,6 @@ def start_engine(loader: "PassHost", order: list | None, index: int) -> Engine:
                     oversize=s.oversize, loss_slot=LOSS_BASES[s.loss_basis], stats=loader.stats, template=template,
                     lane=loader.rank % lanes, traced=trace is not None, start_digest=loader.order_kind != "own")
     eng = Engine(core=core, source=loader.source, group=loader.group.group, timeout_s=loader.timeout_s, trace=trace,
-                 stats=loader.stats)
+                 stats=loader.stats, placement=loader.placement_given)
     eng.start()
     return eng

@@ -9,6 +9,7 @@ start-of-pass gather of dealt sharding (once per pass).  A gloo error (a timeout
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -18,7 +19,18 @@ from ..core.fingerprint import content_digest
 from ..core.shared import PARAMETERS, Shared, mismatches
 from ..errors import ConfigError, RankFailure
 
-__all__ = ["LoaderGroup", "group_size", "dataset_probe", "PROBES"]
+__all__ = ["LoaderGroup", "group_size", "dataset_probe", "PROBES", "collective_failure"]
+
+
+def collective_failure(what: str, elapsed: float, timeout_s: float, why_timeout: str, e: BaseException) -> str:
+    """The message of a collective that raised after `elapsed` seconds: a timeout says so with `why_timeout`
+    (what a peer did not do); an error well before the timeout says it was not one (a refused or closed
+    connection: a peer's process died or never started), and both quote torch."""
+    said = f"{type(e).__name__}: {str(e)[:300]}"
+    if elapsed < 0.9 * timeout_s:
+        return (f"{what} failed after {elapsed:.1f} s, before timeout_s={timeout_s} (not a timeout: a peer's process "
+                f"died, closed its connection, or could not be reached). torch said: {said}")
+    return f"{what} did not complete within timeout_s={timeout_s}: {why_timeout}. torch said: {said}"
 
 # The construction check's probe of a map-style dataset in the loader's own order: the samples at these
 # positions (the first and the middle index) on every rank, each read twice.  Cost: 2 PROBES samples
@@ -79,6 +91,7 @@ class LoaderGroup:
         if self.world_size == 1:
             return
         timeout = timedelta(seconds=timeout_s)
+        t0 = time.monotonic()
         try:
             if process_group is None:
                 # SYNC: every rank of the default group must construct its loaders in the same order
@@ -88,17 +101,19 @@ class LoaderGroup:
                 # SYNC: every member of process_group must construct its loaders in the same order
                 self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout,
                                             use_local_synchronization=True)
-        except RuntimeError as e:  # the store barrier of new_group timed out: a rank did not construct one
-            raise RankFailure(f"rank {self.rank}: creating the ODBDataLoader's gloo group did not complete within "
-                              f"timeout_s={timeout_s}: a rank died or did not construct its loader (every rank "
-                              f"must construct its loaders in the same order). torch said: {str(e)[:300]}") from None
+        except RuntimeError as e:  # the store barrier of new_group timed out, or a connection was refused
+            raise RankFailure(collective_failure(
+                f"rank {self.rank}: creating the ODBDataLoader's gloo group", time.monotonic() - t0, timeout_s,
+                "a rank died or did not construct its loader (every rank must construct its loaders in the same "
+                "order)", e)) from None
 
     def _gather(self, what: str, absent: str, call: Callable[[], Any]) -> None:
+        t0 = time.monotonic()
         try:
             call()
         except RuntimeError as e:
-            raise RankFailure(f"rank {self.rank}: {what} did not complete within timeout_s={self.timeout_s}: a "
-                              f"peer rank died or {absent}. gloo said: {str(e)[:300]}") from None
+            raise RankFailure(collective_failure(f"rank {self.rank}: {what}", time.monotonic() - t0, self.timeout_s,
+                                                 f"a peer rank died or {absent}", e)) from None
 
     def agree(self, shared: Shared | None, ahead: int, failure: BaseException | None = None,
               probe: tuple[int, ...] = ()) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 
 from ..batching.collate import pad_collate
 from ..core.info import LoaderStats
-from ..core.placement import check_pool
+from ..core.placement import check_pool, placement_label
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
@@ -105,7 +105,7 @@ class ODBDataLoader:
             self.group.destroy()
             raise
         # compared settings and the gathered prefetches: every rank decides alike
-        check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads)
+        check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads, name=self.placement_given)
         self.stats = LoaderStats()
         self.ledger = EpochLedger()
         self.loader_id = next(_LOADER_IDS)
@@ -126,6 +126,7 @@ class ODBDataLoader:
         elif kwargs or token_budget is not None:
             raise ConfigError(f"ODBDataLoader got settings= and also {sorted(kwargs) or ['token_budget']}; pass one")
         self.settings = s = settings
+        self.placement_given = placement_label(s.placement)  # as the user wrote it, for messages
         self.dataset, self.collate_fn = dataset, collate_fn or pad_collate
         iterable = isinstance(dataset, IterableDataset)
         self.sharding = s.resolved_sharding(iterable)
@@ -217,6 +218,18 @@ class ODBDataLoader:
         it = Pass(self, eng, before)
         self._pass = weakref.ref(it)
         return it
+
+    def __len__(self) -> int:
+        """Not defined: a TypeError (what ``len()`` of an unsized iterable raises, which frameworks test for)
+        naming what to use instead."""
+        raise TypeError(
+            "len(ODBDataLoader) is not defined: the number of batches is decided online, after preprocessing. For "
+            "a learning-rate schedule count samples instead of steps: odb.integrations.sample_scheduler(optimizer, "
+            "stream.progress, lr_lambda) with a TrainStream (docs/guide/plain-loop.md); to stop after a budget, "
+            "TrainStream(loader, k, max_samples=...); `odb plan` predicts the number of steps")
+
+    def __bool__(self) -> bool:
+        return True  # a loader is truthy (without this, bool() would call __len__)
 
     def end_pass(self, unemitted0: int) -> None:
         """The pass ran to its end (called by `Pass`)."""

@@ -46,9 +46,11 @@ def counts_mode(world_size: int, header_len: int, window: int) -> str:
     return "gather" if world_size * (header_len + 3 * window) <= GATHER_LIMIT else "reduce"
 
 
-# what a user can do when the exchange cannot move a sample (it is the default on two ranks or more)
-_REMEDY = ("The round exchange (placement='auto', the default on 2 ranks or more) moves batches between ranks: "
-           "make every sample picklable by any rank, or pass placement=None to keep each batch on its rank")
+def _remedy(placement: str) -> str:
+    """What a user can do when the exchange cannot move a sample, naming the setting as they passed it."""
+    return (f"The round exchange ({placement}{', on 2 ranks or more' if 'auto' in placement else ''}) moves "
+            "batches between ranks: make every sample picklable by any rank, or pass placement=None to keep each "
+            "batch on its rank")
 
 
 def _few(indices: list, n: int = 8) -> str:
@@ -130,8 +132,8 @@ class BatchTransfer:
     Raises what gloo raises (a peer closed the connection, ``timeout_s`` passed: one deadline for the
     whole transfer), and ProtocolError if a peer sent a batch the plan does not name."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, group, placement: str = "placement='auto' (the default)"):
+        self.group, self.remedy = group, _remedy(placement)
         self.rank = 0 if group is None else torch.distributed.get_rank(group=group)
         self.bytes_sent = self.bytes_received = 0
 
@@ -154,7 +156,7 @@ class BatchTransfer:
                 what = [int(i) for it in items for i in (it[3] or ())]
                 errors.append(SampleError(f"rank {self.rank}: the round exchange cannot send dataset indices "
                                           f"{_few(what)} to rank {q}: pickling their samples raised "
-                                          f"{type(e).__name__}: {e}. {_REMEDY}"))
+                                          f"{type(e).__name__}: {e}. {self.remedy}"))
                 data = pickle.dumps(("error", f"rank {self.rank} could not pickle dataset indices {what} "
                                               f"({type(e).__name__}: {str(e)[:200]})"))
             blob = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -175,7 +177,7 @@ class BatchTransfer:
             except Exception as e:  # the samples' own objects (a class only the sender has, memory): the data's
                 errors.append(SampleError(f"rank {self.rank}: the round exchange cannot read the batches rank {r} "
                                           f"sent: unpickling them raised {type(e).__name__}: {str(e)[:300]}; every "
-                                          f"rank stops in the next round. {_REMEDY}"))
+                                          f"rank stops in the next round. {self.remedy}"))
                 continue
             if kind == "error":
                 errors.append(SampleError(f"rank {self.rank}: the round exchange lost the batches of rank {r}: "
