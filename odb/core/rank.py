@@ -109,7 +109,7 @@ class RankCore:
                  layout: HeaderLayout, source, oversize: str, loss_slot: int, stats: LoaderStats,
                  template: Callable[[], Any], lane: int | None = 0, traced: bool = True, start_digest: bool = False):
         self.rank, self.world_size, self.mode, self.traced = rank, world_size, mode, traced
-        self.start_digest = start_digest and not replica.order
+        self.start_digest = start_digest and replica.order is None
         self.policy, self.cost, self.replica, self.layout = policy, cost, replica, layout
         self.source, self.oversize, self.loss_slot, self.stats = source, oversize, loss_slot, stats
         self.W = layout.window
