@@ -119,6 +119,28 @@ def test_without_set_epoch_each_completed_pass_takes_the_next_epochs_order():
     explicit.close()
 
 
+def test_set_epoch_called_once_then_each_completed_pass_advances_and_a_broken_pass_repeats_its_epoch():
+    # the pattern of a loop that sets the first epoch (or a resumed one) only: set_epoch(2) once, then passes
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8)
+    loader.set_epoch(2)
+    passes = _passes(loader, 3)
+    assert loader.epoch == 4
+    it = iter(loader)  # epoch 5, broken after one batch: the epoch is not complete, so it is not skipped
+    odb.pop_step_info(next(it))
+    del it
+    broken = _passes(loader)[0]
+    assert loader.epoch == 5
+    loader.set_epoch(5)  # chosen again after it completed: the same epoch runs once more, whole
+    again = _passes(loader)[0]
+    assert loader.epoch == 5
+    loader.close()
+    for epoch, got in zip((2, 3, 4, 5, 5), passes + [broken, again]):
+        with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8) as ref:
+            ref.set_epoch(epoch)
+            assert got == _passes(ref)[0], epoch  # the order of an explicit set_epoch(epoch), every sample once
+    assert len({tuple(p) for p in passes + [broken]}) == 4
+
+
 @pytest.mark.parametrize("epoch", [-1, -5, True, 1.0, "1", None])
 def test_set_epoch_takes_only_an_int_from_zero_and_says_so(epoch):
     with odb.ODBDataLoader(Samples(LENGTHS), 128, id_collate, buffer_size=8) as loader:
@@ -181,6 +203,40 @@ def test_join_context_takes_the_loader_not_its_mode():
                 pass
         with join_context(None, loader):  # world size 1: nothing to wrap, and nothing refused
             assert sorted(_passes(loader)[0]) == list(range(100))
+
+
+def _join_context_then_outside(rank, world_size, raise_inside):
+    """A JOIN loader looped inside `join_context` (to its end, or left by an exception at the first batch), then
+    reused outside it: what the loop outside raises, and the loader's count of open contexts after each."""
+    from odb.integrations import join_context
+
+    loader = odb.ODBDataLoader(Samples(LENGTHS), 64, id_collate, buffer_size=8, mode="join", timeout_s=20)
+    try:
+        with join_context(None, loader):
+            for batch in loader:
+                odb.pop_step_info(batch)
+                if raise_inside:
+                    raise KeyError("a failing step")
+    except KeyError:
+        pass
+    joined = loader.joined
+    try:
+        outside = sum(len(odb.pop_step_info(b).indices) for b in loader)
+    except odb.ConfigError as e:
+        outside = str(e)
+    loader.close()
+    return joined, outside
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("raise_inside", [False, True])
+def test_a_join_contexts_mark_is_cleared_on_exit_so_the_loader_reused_outside_it_is_refused_again(tmp_path,
+                                                                                                   raise_inside):
+    res = run_ranks(_join_context_then_outside, 2, tmp_path, args=(raise_inside,), timeout_s=90)
+    assert [r.status for r in res] == ["ok", "ok"], [r.error for r in res]
+    for r in res:
+        joined, outside = r.value
+        assert joined == 0 and isinstance(outside, str) and "mode='join' outside a join context" in outside, r.value
 
 
 # -- the batch and its weight ---------------------------------------------------------------------------------

@@ -242,3 +242,126 @@ def test_the_first_batchs_wait_is_the_samples_a_rank_reads_before_it_times_the_p
         assert reads == pytest.approx(round(reads)) and 32 <= round(reads)
         most = 32 + 64 + (128 if p.candidate.exchange else 0)
         assert round(reads) <= min(most, 2 * p.candidate.buffer_size + p.candidate.exchange * p.candidate.buffer_size)
+
+
+class _GatedSamples(Samples):
+    """`Samples` that counts the pass's reads and holds every read past the first `most` until the test opens
+    `gate` (after the first batch): a rank whose first batch needs more reads waits the gate out (`waited_out`)."""
+
+    def __init__(self, lengths, patience_s):
+        super().__init__(lengths)
+        self.most, self.read, self.waited_out, self.patience_s = len(lengths), 0, 0, patience_s
+        self.gate = __import__("threading").Event()
+
+    def __getitem__(self, i):
+        self.read += 1
+        if self.read > self.most and not self.gate.wait(self.patience_s):
+            self.waited_out += 1
+            self.gate.set()  # one wait is enough to fail the test
+        return super().__getitem__(i)
+
+
+def _candidate_runs(rank, world_size, runs):
+    """Each run: (placement, gate), the loader built with the candidate's placement as a user writes it, its
+    pass's reads gated at `gate`: the batches, whether the first one waited out the gate, and what the rank
+    measured (rounds, batches sent, the window and header it ran with)."""
+    out = []
+    for placement, gate in runs:
+        data = _GatedSamples(LENGTHS, patience_s=3.0)
+        loader = odb.ODBDataLoader(data, 256, id_collate, buffer_size=16, timeout_s=60, placement=placement)
+        data.read, data.most = 0, gate  # the construction's probe of two agreed positions is not the pass's
+        it = iter(loader)
+        rows = [list(odb.pop_step_info(next(it)).indices) or None]
+        waited = data.waited_out
+        data.gate.set()
+        rows += [list(odb.pop_step_info(b).indices) or None for b in it]
+        out.append({"rows": rows, "waited": waited, "rounds": loader.stats.rounds, "sent": loader.stats.exchange_sent,
+                    "window": loader.shared.window, "steps": loader.layout.steps, "header": loader.layout.length})
+        loader.close()
+    return out
+
+
+@pytest.mark.slow  # 4 gloo ranks, 8 passes, 4 of them wait out a 3 s gate once
+def test_every_candidate_with_pools_is_the_loaders_own_run_on_every_rank_first_batch_wait_and_cost_included(tmp_path):
+    """Candidate by candidate on 4 ranks, 2 per host (no placement, the default's exchange, pools of 2, pools
+    with the exchange), placements written as a user writes them: the planner's steps, padding, straggler
+    efficiency, moved share, window memory and predicted throughput (the loader's own rounds and header
+    charged) are the loader's run; its first batch's wait is the most any rank reads before its first batch:
+    every rank gated there gets its first batch, gated a read earlier some rank waits the gate out."""
+    from odb.baselines.offline import global_max_tokens
+    from odb.batching import make_cost_model
+    from odb.plan.stepmodel import H20_2B, odb_round_latency, predict
+    from odb.runtime.source import shard_order
+
+    slack = DEFAULT_EXCHANGE.slack
+    placements = [None, odb.Exchanged(pool=1, slack=slack), odb.Pooled(2), odb.Exchanged(pool=2, slack=slack)]
+    rep = plan(LENGTHS, world_size=4, ranks_per_host=2, budgets=[256], windows=[16], preprocess_s=1.0,
+               num_workers=1, sample_bytes=1000.0)
+    preds = {json.dumps(p.candidate.settings()["placement"]): p for p in rep.predictions}
+    mine = [preds.pop(json.dumps(None if pl is None else pl.as_dict())) for pl in placements]
+    assert not preds, sorted(preds)  # these four candidates, no other
+    gates = [int(p.first_batch_s) for p in mine]
+    assert [p.first_batch_s for p in mine] == gates
+    runs = [(pl, g) for pl, g in zip(placements, gates)] + [(pl, g - 1) for pl, g in zip(placements, gates)]
+    res = run_ranks(_candidate_runs, 4, tmp_path, args=(runs,), timeout_s=150)
+    assert all(r.status == "ok" for r in res), [(r.status, (r.error or "")[-1500:]) for r in res]
+    cost, sizes = make_cost_model("padded", 256), [(n,) for n in LENGTHS]
+    filler = int(np.median(LENGTHS))
+
+    def throughput(rows, **kw):  # the planner's step-time model on a schedule of dataset indices
+        steps = max(len(r) for r in rows)
+        lens = [[("filler", filler) if s < len(r) and r[s] is None else [LENGTHS[i] for i in (r[s] if s < len(r)
+                                                                                              else [])]
+                 for r in rows] for s in range(steps)]
+        return predict(lens, 4, H20_2B, collate="pad", **kw)["samples_per_s"]
+    order = shard_order(len(LENGTHS), 0, 1, True, 0, 0)  # the loader's own order (seed 0, epoch 0)
+    gmt = throughput([[None if b is None else [order[i] for i in b] for b in row]
+                      for row in global_max_tokens([sizes[i] for i in order], cost, 4)])
+    for k, (pl, p) in enumerate(zip(placements, mine)):
+        got = [r.value[k] for r in res]
+        rows = [g["rows"] for g in got]
+        real = schedule_metrics(rows, sizes, cost)
+        assert (p.steps, p.padding, p.straggler_efficiency) == (real["steps"], real["padding"],
+                                                                 real["straggler_eff"]), pl
+        batches = sum(b is not None for row in rows for b in row)
+        assert p.moved_share == pytest.approx(sum(g["sent"] for g in got) / batches, abs=1e-12), pl
+        assert p.window_bytes == 3 * got[0]["window"] * 1000.0, pl
+        (g0,) = {(g["rounds"], g["steps"], g["header"]) for g in got}
+        round_s = odb_round_latency(H20_2B, 4, g0[1], g0[2])[0]
+        assert p.throughput_vs_gmt * gmt == pytest.approx(throughput(rows, num_rounds=g0[0], round_s=round_s),
+                                                           rel=1e-9), pl
+        assert not any(g["waited"] for g in got), (pl, gates[k], [g["waited"] for g in got])
+        early = [r.value[k + len(placements)]["waited"] for r in res]
+        assert any(early), (pl, gates[k] - 1)
+
+
+def test_the_memory_fit_puts_a_sample_longer_than_the_budget_alone_in_one_row_of_its_own_length():
+    """With ``oversize="alone"`` a sample longer than the budget runs as a batch of its own: one row of its length,
+    whatever the budget.  Peaks of a known memory model (``m0 + m1 T + m2 L2``) at the probed shapes, all within
+    the smallest budget: the worst batch of each budget is priced at the longest sample, never fewer rows, never a
+    shorter row."""
+    from odb.plan.probe import ProbeResult, largest_budget, probe_shapes
+    from odb.plan.stepmodel import StepModel
+
+    longest = 3000
+    shapes = probe_shapes(LENGTHS + [longest], [256, 512])
+    assert all(n <= 256 and r * n <= 256 for r, n in shapes), shapes  # what the loader forms within the budget
+    m0, m1, m2 = 1.0e9, 1.0e5, 50.0
+
+    def need(rows, length):
+        return m0 + m1 * rows * length + m2 * rows * length * length
+    res = ProbeResult("cuda:0", shapes, [0.01] * len(shapes), [int(need(r, n)) for r, n in shapes], StepModel(),
+                      0, 0.0)
+    one, two = need(1, longest), need(2, longest)  # 1.75e9 and 2.5e9 bytes
+    # every budget below the longest sample: each one's worst batch is that sample alone, which does not fit
+    res.total_bytes = int(one / 0.9) - 2**20
+    best, why = largest_budget(res, [256, 512, 1024], longest)
+    assert best is None and f"at length {longest}" in why, why
+    # it fits: then every budget up to two rows of it fits, and the largest of them is chosen
+    res.total_bytes = int((one + two) / 2 / 0.9)
+    best, why = largest_budget(res, [256, 512, 4096, 6000], longest)
+    assert best == 4096 and f"(1 x {longest} tokens)" in why, why
+    assert largest_budget(res, [256], longest)[0] == 256
+    res.total_bytes = int(two / 0.9) + 2**20
+    best, why = largest_budget(res, [256, 6000], longest)
+    assert best == 6000 and f"(2 x {longest} tokens)" in why, why
