@@ -5,6 +5,7 @@ the order checked on resume.  Each test names the defect it pins.  Slow tier whe
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 
@@ -83,6 +84,39 @@ def test_a_job_resized_twice_in_one_epoch_resumes_exactly_once(tmp_path, shardin
     third = _run(tmp_path / "c", 2, sharding=sharding, mode=mode, state=merge_states([v["state"] for v in second]))
     runs = [_ids(first), _ids(second), _ids(third)]
     assert sorted(i for r in runs for i in r) == list(range(len(LENGTHS))), [len(r) for r in runs]
+
+
+@pytest.mark.slow
+def test_states_whose_ranks_resumed_from_different_merged_states_are_refused_and_one_base_merges_once(tmp_path):
+    """Two ranks resumed from one merged state (dealt: each rank's ledger holds the merge as its base), saved a step
+    later.  One rank's state as a rank that had resumed from another merged state writes it (its own positions,
+    steps and samples the same): one position of its base another, or its base one position short (an earlier
+    merge's): refused, whichever rank it is.  The same change on both ranks is one other merged state: merged,
+    its base counted once."""
+    first = _run(tmp_path / "a", 2, sharding="dealt", save_at=3)
+    merged = merge_states([v["state"] for v in first])
+    states = [v["state"] for v in _run(tmp_path / "b", 2, sharding="dealt", save_at=1, state=merged)]
+    assert [st[f"rank_{r}"]["base"] for r, st in enumerate(states)] == [merged["done"]] * 2
+    done = {q for a, b in merged["done"] for q in range(a, b)}
+    own = [{q for a, b in st[f"rank_{r}"]["done"] for q in range(a, b)} - done for r, st in enumerate(states)]
+    assert own[0] and own[1] and not own[0] & own[1]
+    gone = min(done)
+    new = min(set(range(len(LENGTHS))) - done - own[0] - own[1])
+
+    def based(r, base):  # rank r's state, as if resumed from a merged state whose positions are `base`
+        from odb.runtime.ledger import ranges
+
+        out = copy.deepcopy(states[r])
+        out[f"rank_{r}"]["base"], out[f"rank_{r}"]["done"] = ranges(base), ranges(base | own[r])
+        return out
+    for base in (done - {gone} | {new}, done - {gone}):
+        for pair in ([states[0], based(1, base)], [based(0, base), states[1]], [based(1, base), states[0]]):
+            with pytest.raises(odb.ConfigError, match="resumed from different merged states"):
+                merge_states(pair)
+        both = merge_states([based(0, base), based(1, base)])
+        assert {q for a, b in both["done"] for q in range(a, b)} == base | own[0] | own[1]
+    ok = merge_states(states)
+    assert {q for a, b in ok["done"] for q in range(a, b)} == done | own[0] | own[1]
 
 
 class _LoadBomb:
