@@ -98,3 +98,73 @@ def test_the_first_group_over_budget_is_the_one_fits_refuses_first(window, spec,
     groups = data.draw(st.lists(st.lists(st.integers(0, len(window) - 1), max_size=6), max_size=8))
     want = next((k for k, g in enumerate(groups) if len(g) > 1 and not cost.fits([window[p] for p in g])), None)
     assert cost.first_over(groups, window) == want
+
+
+# -- the construction check of a cost built with functools.partial (issue 61, item 6) -------------------------
+def _weighted(batch, scale=1.0, floor=0):
+    """A callable cost that a rank binds with functools.partial."""
+    return max(floor, scale * len(batch) * max(s[0] for s in batch))
+
+
+def _closing_over(inner):
+    """A callable cost whose closure holds a partial."""
+    def fn(batch):
+        return inner(batch)
+    return fn
+
+
+def test_partials_of_one_function_are_described_apart_exactly_when_their_bound_arguments_differ():
+    from functools import partial
+
+    from odb.core.shared import describe_cost
+
+    def d(fn):
+        return describe_cost(make_cost_model(fn, 4096))
+    same = [(partial(_weighted, scale=2.0), partial(_weighted, scale=2.0)),
+            (partial(_weighted, 2.0), partial(_weighted, 2.0)),
+            (partial(partial(_weighted, 2.0), floor=3), partial(partial(_weighted, 2.0), floor=3)),
+            (_closing_over(partial(_weighted, 2.0)), _closing_over(partial(_weighted, 2.0)))]
+    apart = [(partial(_weighted, scale=2.0), partial(_weighted, scale=3.0)),  # a keyword
+             (partial(_weighted, 2.0), partial(_weighted, 3.0)),  # a positional argument
+             (partial(_weighted, 2.0, 0), partial(_weighted, 2.0, 5)),  # the second of two
+             (partial(_weighted, 2.0), partial(_weighted, scale=2.0)),  # bound otherwise
+             (partial(_weighted, 2.0), _weighted),  # a partial or its function
+             (partial(partial(_weighted, 2.0), floor=3), partial(partial(_weighted, 2.0), floor=4)),  # nested
+             (partial(partial(_weighted, 2.0), floor=3), partial(partial(_weighted, 3.0), floor=3)),
+             (_closing_over(partial(_weighted, 2.0)), _closing_over(partial(_weighted, 3.0)))]  # in a closure
+    for a, b in same:
+        assert d(a) == d(b), (d(a), d(b))
+    for a, b in apart:
+        assert d(a) != d(b), d(a)
+
+
+def _partial_cost(rank, world_size, scales):
+    """Build a loader whose cost is ``partial(_weighted, scale=scales[rank])``; run its epoch if built."""
+    from functools import partial
+
+    import odb
+    from mp_harness import Samples, id_collate, make_lengths
+
+    try:
+        loader = odb.ODBDataLoader(Samples(make_lengths(40, 1, lo=2, hi=30)), None, id_collate, buffer_size=4,
+                                   cost=make_cost_model(partial(_weighted, scale=scales[rank]), 4096), timeout_s=20)
+    except ConfigError as e:
+        return str(e)
+    n = sum(1 for b in loader if odb.pop_step_info(b))
+    loader.close()
+    return n
+
+
+@pytest.mark.slow  # 2 gloo ranks
+@pytest.mark.parametrize("scales", [(2.0, 2.0), (2.0, 3.0)])
+def test_ranks_whose_cost_partials_bind_different_arguments_are_refused_and_the_same_partial_runs(tmp_path, scales):
+    from mp_harness import run_ranks
+
+    res = run_ranks(_partial_cost, 2, tmp_path, args=(scales,), timeout_s=60)
+    assert [r.status for r in res] == ["ok", "ok"], [r.error for r in res]
+    got = [r.value for r in res]
+    if scales[0] == scales[1]:
+        assert got[0] == got[1] and isinstance(got[0], int) and got[0] > 0, got
+    else:
+        assert all(isinstance(g, str) and "built this ODBDataLoader differently (cost" in g
+                   and "scale', 2.0" in g and "scale', 3.0" in g for g in got), got
