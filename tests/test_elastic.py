@@ -124,8 +124,9 @@ def test_a_merged_state_is_refused_by_a_loader_that_cannot_reshard_and_per_rank_
 
 def _stream_run(rank, world_size, spec):
     """A TrainStream over the loader (accumulation 2): consume `stop` optimizer steps, then save every
-    rank's state the way Accelerate and Lightning checkpoint it (`gather_rank_states`); or resume from
-    `state` and run the epoch out."""
+    rank's state the way Accelerate and Lightning checkpoint it (`gather_rank_states`), or with
+    ``spec["own"]`` this rank's ``stream.state_dict()`` (the plain loop's checkpoint); or resume from
+    `state` (a gathered entry, or a merged state loaded as it is) and run the epoch out."""
     import odb
     from odb.integrations import TrainStream, gather_rank_states, own_rank_state
 
@@ -134,13 +135,15 @@ def _stream_run(rank, world_size, spec):
     loader = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8, timeout_s=30,
                                sharding=spec["sharding"])
     stream = TrainStream(loader, 2)
-    if spec.get("state") is not None:
-        stream.load_state_dict(own_rank_state(spec["state"], rank, world_size))
+    state = spec.get("state")
+    if state is not None:
+        stream.load_state_dict(own_rank_state(state, rank, world_size) if "ranks" in state else state)
     ids, saved = [], None
     for ms in stream.epoch():
         ids += list(ms.info.indices)
         if ms.sync and stream.progress.optimizer_steps == spec.get("stop"):
-            saved = gather_rank_states(stream.state_dict())  # SYNC: every rank, after the same step
+            # SYNC: every rank, after the same step
+            saved = stream.state_dict() if spec.get("own") else gather_rank_states(stream.state_dict())
             break
     loader.close()
     return {"ids": ids, "saved": saved, "progress": stream.progress.state_dict()}
@@ -157,6 +160,99 @@ def test_the_gathered_checkpoint_of_accelerate_and_lightning_resumes_on_another_
     ids = [i for r in first + second for i in r.value["ids"]]
     assert sorted(ids) == EXPECTED
     assert second[0].value["progress"]["optimizer_steps"] > 3  # the progress carried over and went on
+
+
+def _ok(res):
+    assert all(r.status == "ok" for r in res), [(r.status, (r.error or "")[:800]) for r in res]
+    return [r.value for r in res]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n, m, sharding", [(2, 3, "fixed"), (3, 1, "dealt")])
+def test_every_ranks_train_stream_state_merged_by_merge_states_resumes_a_plain_loop_on_another_world_size(
+        tmp_path, n, m, sharding):
+    first = _ok(run_ranks(_stream_run, n, tmp_path / "a", args=({"sharding": sharding, "stop": 3, "own": True},),
+                          timeout_s=90))
+    states = [v["saved"] for v in first]  # what each rank of a plain loop writes: stream.state_dict()
+    merged = merge_states(states[::-1])  # any order
+    assert merged["kind"] == "global" and merged["loader"]["kind"] == "global" and "rank" not in merged
+    assert merge_states({"version": 1, "world_size": n, "ranks": states}) == merged  # a gathered entry alike
+    second = _ok(run_ranks(_stream_run, m, tmp_path / "b", args=({"sharding": sharding, "state": merged},),
+                           timeout_s=90))
+    assert sorted(i for v in first + second for i in v["ids"]) == EXPECTED
+    assert all(v["progress"]["optimizer_steps"] > 3 and v["progress"]["epoch"] == 1 for v in second)
+    behind = {**states[1], "progress": {**states[1]["progress"], "optimizer_steps": 2}}
+    with pytest.raises(ConfigError, match=r"disagree on the training progress.*save every rank's state after the same"):
+        merge_states([states[0], behind] + states[2:])
+    with pytest.raises(ConfigError, match=rf"written by {n} ranks: ranks \[{', '.join(map(str, range(1, n)))}\] missing"):
+        merge_states(states[:1])
+    with pytest.raises(ConfigError, match=r"different kinds \(state 0: rank 0's TrainStream.state_dict\(\) of "
+                       rf"{n} ranks; state 1: rank 1's ODBDataLoader.state_dict\(\)"):
+        merge_states([states[0], states[1]["loader"]])
+
+
+def _one_rank_stream_state(stop=3):
+    """A TrainStream on one rank (no process group) after `stop` optimizer steps: its state and the indices
+    it trained."""
+    import odb
+    from odb.integrations import TrainStream
+
+    from mp_harness import Samples, id_collate
+
+    with odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8) as loader:
+        stream, ids = TrainStream(loader, 2), []
+        for ms in stream.epoch():
+            ids += ms.info.indices
+            if ms.sync and stream.progress.optimizer_steps == stop:
+                return stream.state_dict(), ids
+
+
+def _fresh_stream():
+    import odb
+    from odb.integrations import TrainStream
+
+    from mp_harness import Samples, id_collate
+
+    return TrainStream(odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8), 2)
+
+
+@pytest.mark.filterwarnings("ignore:rank 0, epoch 0")
+def test_a_merged_train_stream_state_resumes_the_stream_and_each_wrong_state_is_refused_naming_the_right_call():
+    state, before = _one_rank_stream_state()
+    merged = merge_states([state])
+    stream = _fresh_stream()
+    loader = stream.loader
+    try:
+        for wrong, said in (
+                (state["loader"], r"got rank 0's ODBDataLoader.state_dict\(\) of 1 ranks; it takes this rank's "
+                                  r"TrainStream.state_dict\(\).*odb.merge_states\(states\)"),
+                (merged["loader"], r"got a merged ODBDataLoader state; it takes this rank's TrainStream.state_dict"),
+                ({**state, "world_size": 2}, r"rank 0's TrainStream.state_dict\(\) of 2 ranks, this run has 1 "
+                                             r"ranks; merge every rank's TrainStream state .* odb.merge_states"),
+                ({**state, "rank": 1}, r"rank 1's, this is rank 0; .*odb.merge_states"),
+                ({**state, "version": 2}, r"version=2, kind='rank'; this ODB reads version 1")):
+            with pytest.raises(ConfigError, match=said) as err:
+                stream.load_state_dict(wrong)
+            assert "resharded_state" not in str(err.value) and "version that wrote it" not in str(err.value)
+        for wrong, what in ((state, "rank 0's TrainStream.state_dict"), (merged, "a merged TrainStream state"),
+                            ({"version": 1, "world_size": 1, "ranks": [state]}, "a gather_rank_states entry")):
+            with pytest.raises(ConfigError, match=f"ODBDataLoader.load_state_dict got {what}.*load it with "
+                                                  "TrainStream.load_state_dict"):
+                loader.load_state_dict(wrong)
+        with pytest.raises(ConfigError, match=r"takes every rank's state of one checkpoint in a list; got one state"):
+            merge_states(state)
+        with pytest.raises(ConfigError, match="state 0 is a merged TrainStream state: it loads on any number of "
+                                              "ranks as it is"):
+            merge_states([merged])
+        with pytest.raises(ConfigError, match="state 0 is a merged ODBDataLoader state .*a merged state loads on any "
+                                              "number of ranks as it is"):
+            merge_states([merged["loader"]])
+        stream.load_state_dict(merged)  # the merged state resumes the stream: the epoch's rest, once
+        after = [i for ms in stream.epoch() for i in ms.info.indices]
+    finally:
+        loader.close()
+    assert sorted(before + after) == EXPECTED
+    assert stream.progress.epoch == 1 and stream.progress.optimizer_steps > 3
 
 
 @pytest.mark.slow

@@ -404,7 +404,8 @@ class TrainStream:
             self.progress.epoch += 1
 
     def state_dict(self) -> dict:
-        """This rank's state at the consumed position (see class doc)."""
+        """This rank's state at the consumed position (see class doc): the loader's state under "loader" and
+        the progress.  Every rank's, merged with `odb.merge_states`, resumes on any number of ranks."""
         if self._consumed == self._pulled:
             loader_state = self.loader.state_dict()
         elif self._consumed in self._snaps:
@@ -434,9 +435,9 @@ class TrainStream:
                               "kind 'rank' (TrainStream.state_dict) or 'global' (odb.merge_states)")
         n, r = sd.pop("world_size", None), sd.pop("rank", None)
         if kind == "rank" and n != self.loader.world_size:
-            raise ConfigError(f"cannot resume: the state is {describe_state({'loader': 0, 'rank': r, 'world_size': n})}"
-                              f", this run has {self.loader.world_size} ranks; merge every rank's TrainStream state "
-                              "of that checkpoint with odb.merge_states(states) and load the merged state on every rank")
+            raise ConfigError(f"cannot resume: the state is rank {r!r}'s TrainStream.state_dict() of {n!r} ranks, this "
+                              f"run has {self.loader.world_size} ranks; merge every rank's TrainStream state of that "
+                              "checkpoint with odb.merge_states(states) and load the merged state on every rank")
         if kind == "rank" and r != self.loader.rank:
             raise ConfigError(f"cannot resume: the state is rank {r!r}'s, this is rank {self.loader.rank}; load each "
                               "rank's own state, or every rank's merged with odb.merge_states(states)")
