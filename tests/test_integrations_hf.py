@@ -112,3 +112,54 @@ def test_hf_trainer_counts_an_encoder_decoders_labels_unshifted_and_a_causal_lms
         t.get_train_dataloader()
         assert t.odb_loader.shift_labels is shifted, type(model).__name__
         t.odb_loader.close()
+
+
+def _unmasked_trainer(tmp_path, data_collator=None, **args):
+    """An ODBTrainer over 24 samples whose labels are their input_ids (a user's tokenized dataset)."""
+    from _tiny import TinyDataset, tiny_llama
+    from transformers import TrainingArguments
+
+    from odb.integrations.hf import ODBTrainer
+
+    class Unmasked(TinyDataset):
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            s["labels"] = s["input_ids"].clone()
+            return s
+    targs = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], disable_tqdm=True,
+                              num_train_epochs=1, logging_steps=1, **args)
+    return ODBTrainer(model=tiny_llama(), args=targs, train_dataset=Unmasked(24), data_collator=data_collator,
+                      odb_loader_kwargs={"token_budget": 64, "timeout_s": 30, **({"shift_labels": False}
+                                                                                  if data_collator else {})})
+
+
+def test_hf_trainer_after_a_resume_reports_the_throughput_of_the_samples_this_run_trained(tmp_path):
+    import torch
+
+    first = _unmasked_trainer(tmp_path, save_strategy="steps", save_steps=2)
+    first.train()
+    assert first.odb_progress.samples == 24
+    saved = torch.load(tmp_path / "checkpoint-2" / "odb_rank0.pt", weights_only=False)["progress"]["samples"]
+    assert 0 < saved < 24
+    resumed = _unmasked_trainer(tmp_path, save_strategy="no")
+    out = resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.odb_progress.samples == 24  # the checkpoint's samples and the rest of the epoch
+    rate, runtime = out.metrics["train_samples_per_second"], out.metrics["train_runtime"]
+    assert rate == round((24 - saved) / runtime, 3), (rate, saved, runtime)  # not the checkpoint's samples
+    assert resumed.state.log_history[-1]["train_samples_per_second"] == rate
+
+
+def test_hf_trainer_checks_the_first_label_of_every_row_not_only_the_first_rows(tmp_path):
+    from odb.runtime import pad_collate
+
+    rows = []
+
+    def first_row_masked(samples):  # the 2nd batch of each window of 2: row 0 masked, the other rows' labels[0]
+        rows.append(len(samples))  # targets; the 1st batch: every row masked (it trains)
+        batch = pad_collate(samples)
+        batch["labels"][: 1 if len(rows) % 2 == 0 else None, 0] = -100
+        return batch
+    trainer = _unmasked_trainer(tmp_path, first_row_masked, save_strategy="no", gradient_accumulation_steps=2)
+    with pytest.raises(ConfigError, match=r"labels\[:, 0\] != -100"):
+        trainer.train()
+    assert rows[1] > 1  # the first window's 2nd batch holds a row after the first: refused there
