@@ -462,3 +462,47 @@ def test_on_moved_sees_every_round_by_its_index():
     simulate([[] for _ in range(4)], sim_settings(cost, 16, exchange=True), deal=sizes,
              on_round=lambda k, p: rounds.append(k), on_moved=lambda k, m: moved.append(k))
     assert len(moved) > 3 and moved == rounds == list(range(len(rounds)))
+
+
+@pytest.mark.parametrize("world, pool, window", [(4, 2, 16), (6, 3, 16), (6, 2, 10), (8, 4, 12)])
+def test_a_pooled_exchange_with_one_core_per_pool_gives_every_step_the_counts_and_loss_scales_of_its_definition(
+        world, pool, window):
+    """`simulate`'s default for pools (one core per pool, no replicas), with the exchange, samples with and without
+    label tokens: every batch's local counts are its samples' (dealt positions), every step's global counts the sum
+    of its ranks' local ones, each loss scale ``world * local / global`` label tokens (0 for a filler and where
+    the step has none), a step's scales summing to the world size where it has label tokens; the same infos as
+    every rank's own replica (but ``step``: one core numbers its pool's batches)."""
+    from odb.batching import make_cost_model
+    from odb.core.sim import simulate
+
+    g = random.Random(world * 10 + pool)
+    lengths = [min(4000, int(g.lognormvariate(5.5, 1.0)) + 1) for _ in range(world * window * 5)]
+    deal = [((n,), 0 if g.random() < 0.3 else g.randint(1, n)) for n in lengths]  # (sizes, label tokens)
+    settings = sim_settings(make_cost_model("padded", 4096), window, pool=pool, exchange=True)
+    one = simulate([[] for _ in range(world)], settings, deal=deal, infos=True)
+    assert one.moved > 0 and sorted(p for row in one.batches for b in row if b for p in b) == list(range(len(deal)))
+    steps = len(one.batches[0])
+    assert all(len(row) == len(info) == steps for row, info in zip(one.batches, one.infos))
+    labelled = 0
+    for j in range(steps):
+        step = [one.infos[r][j] for r in range(world)]
+        for r, (i, b) in enumerate(zip(step, (one.batches[r][j] for r in range(world)))):
+            assert i.filler == (b is None) and i.round == step[0].round, (j, r)
+            if b is not None:
+                assert sorted(i.indices) == sorted(b)
+                assert (i.local_samples, i.local_tokens, i.local_label_tokens) == (
+                    len(b), sum(lengths[p] for p in b), sum(deal[p][1] for p in b)), (j, r)
+        for name in ("samples", "tokens", "label_tokens"):
+            total = sum(getattr(i, "local_" + name) for i in step)
+            assert [getattr(i, "global_" + name) for i in step] == [total] * world, (j, name)
+        gl = step[0].global_label_tokens
+        assert [i.loss_scale for i in step] == [0.0 if i.filler or not gl else world * i.local_label_tokens / gl
+                                                for i in step], j
+        if gl:
+            labelled += 1
+            assert sum(i.loss_scale for i in step) == pytest.approx(world), j
+    assert 0 < labelled <= steps
+    each = simulate([[] for _ in range(world)], settings, deal=deal, infos=True, replicas=True)
+    def fields(infos):
+        return [[{**vars(i), "step": None} for i in row] for row in infos]
+    assert each.batches == one.batches and fields(each.infos) == fields(one.infos)
