@@ -245,3 +245,21 @@ def test_a_batch_without_labels_gets_an_error_naming_them_not_a_key_error(output
         weighted_loss(out, 0.5)
     assert float(weighted_loss(out, 0.0)) == 0.0  # a zero weight needs no loss
     assert float(weighted_loss({"loss": torch.tensor(2.0), "logits": logits}, 0.5)) == 1.0
+
+
+def test_a_merged_state_missing_a_key_is_named_not_reported_as_a_changed_dataset():
+    import odb
+    from odb.errors import ConfigError
+
+    from mp_harness import Samples
+
+    with odb.ODBDataLoader(Samples([3] * 20), 64, buffer_size=4) as loader:
+        it = iter(loader)
+        odb.pop_step_info(next(it))
+        merged = odb.merge_states([loader.state_dict()])
+        it.close()
+        cut = {k: v for k, v in merged.items() if k != "num_positions"}
+        with pytest.raises(ConfigError, match="lacks 'num_positions'") as e:
+            loader.load_state_dict(cut)
+        assert "dataset changed" not in str(e.value)
+        loader.load_state_dict(merged)  # the whole state loads

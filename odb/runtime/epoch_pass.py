@@ -60,6 +60,7 @@ class PassHost(Protocol):
     closed: bool             # read on every batch: the loader was closed under the pass
     joined: int              # open join contexts (`odb.integrations.join_context`)
     hinted: bool             # the planner's hint was logged (`odb.runtime.observe`)
+    placement_given: str     # ``placement=`` as the user wrote it (`odb.core.placement.placement_label`), for messages
 
     @property
     def epoch(self) -> int: ...

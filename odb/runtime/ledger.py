@@ -130,7 +130,10 @@ class EpochLedger:
         if order != "own" or global_positions is None:
             raise ConfigError(f"cannot resume from a merged state: this loader's samples come from its {order} "
                               "(a sampler or an IterableDataset decides each rank's samples; ODB cannot re-shard them)")
-        total = sd.pop("num_positions", None)
+        if "num_positions" not in sd:
+            raise ConfigError(f"merged state lacks 'num_positions' (it holds {sorted(sd)}): it was not made by "
+                              "odb.merge_states, or was cut; merge every rank's state of one checkpoint again")
+        total = sd.pop("num_positions")
         if total != global_positions:
             raise ConfigError(f"cannot resume: the merged state's order had {total!r} positions, this dataset has "
                               f"{global_positions} (the dataset changed)")

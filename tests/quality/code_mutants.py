@@ -672,8 +672,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
                (P + "test_a_pools_over_budget_slots_come_in_multiples_of_its_ranks_so_a_step_holds_one_level",),
                "a pool's over-budget slots are not a multiple of its ranks: a step mixes over-budget levels"),
     CodeMutant("pool_prefetch_unchecked", "odb/runtime/loader.py",
-               "check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads)",
-               "check_pool(self.world_size, s.lanes, s.mode, self.sharding)",
+               "check_pool(self.world_size, s.lanes, s.mode, self.sharding, self.aheads, name=",
+               "check_pool(self.world_size, s.lanes, s.mode, self.sharding, (), name=",
                (P + "test_lanes_that_read_ahead_otherwise_are_refused_on_every_rank",),
                "lanes that read ahead otherwise are not refused (they diverge once a sample is dropped)"),
     # -- the targets' tally over every committed grid (paper_repro.scale_targets) -----------------------------------
