@@ -142,7 +142,9 @@ def _describe_fn(fn: Any) -> str:
     import functools
 
     if isinstance(fn, functools.partial):
-        return f"partial({_describe_fn(fn.func)}, args={fn.args!r}, keywords={sorted(fn.keywords.items())!r})"
+        # the bound values as `_canon` writes them: an array by its bytes (its repr elides the middle), an
+        # object whose repr holds an address by its type (the address differs on every rank)
+        return f"partial({_describe_fn(fn.func)}, args={_canon(fn.args)}, keywords={_canon(dict(fn.keywords))})"
     code = getattr(fn, "__code__", None)
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     if code is None:
