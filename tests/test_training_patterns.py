@@ -116,9 +116,15 @@ def _own_shard(rank, world_size, spec):
 
     from mp_harness import Samples, id_collate
 
+    reads: dict = {}
+
     class Noisy(Samples):  # random preprocessing: two reads of one index differ (a random crop, a template)
         def __getitem__(self, i):
-            s, k = super().__getitem__(i), random.randint(0, 3)
+            s, n = super().__getitem__(i), reads.get(i, 0)
+            reads[i] = n + 1
+            # "twice": the first two reads of an index alike on a rank and unlike across ranks (what a coin-flip
+            # augmentation gives one construction in twenty), then others
+            k = {"random": random.randint(0, 3), "twice": (rank + n // 2) % 4, "always": n % 4}[spec["noisy"]]
             return {**s, "input_ids": s["input_ids"] + [1] * k, "labels": s["labels"] + [1] * k}
 
     full = list(range(200))
@@ -128,7 +134,8 @@ def _own_shard(rank, world_size, spec):
     ds = cls([lengths[i] for i in ids])
     ds.ids = ids
     with odb.ODBDataLoader(ds, 128, id_collate, timeout_s=10, buffer_size=8) as loader:
-        return sum(len(odb.pop_step_info(b).indices) for b in loader)
+        at_construction = sum(reads.values())
+        return sum(len(odb.pop_step_info(b).indices) for b in loader), at_construction
 
 
 def test_ranks_given_their_own_shards_of_one_length_are_refused_on_every_rank_at_construction(tmp_path):
@@ -138,10 +145,13 @@ def test_ranks_given_their_own_shards_of_one_length_are_refused_on_every_rank_at
         assert "different samples at the same position" in r.error and "whole dataset" in r.error
 
 
-@pytest.mark.parametrize("noisy", [False, True])
+@pytest.mark.parametrize("noisy", [False, "random", "twice", "always"])
 def test_the_whole_dataset_on_every_rank_passes_the_probe_random_preprocessing_included(tmp_path, noisy):
     res = run_ranks(_own_shard, 2, tmp_path, args=({"whole": True, "noisy": noisy},), timeout_s=60)
-    assert sum(_ok(res)) == 200
+    values = _ok(res)
+    assert sum(n for n, _ in values) == 200
+    if noisy == "always":  # every two reads differ: the probe's stated cost, two reads of each of two positions
+        assert [reads for _, reads in values] == [4, 4]
 
 
 def _streams(rank, world_size, spec):
@@ -263,3 +273,67 @@ def test_a_merged_state_missing_a_key_is_named_not_reported_as_a_changed_dataset
             loader.load_state_dict(cut)
         assert "dataset changed" not in str(e.value)
         loader.load_state_dict(merged)  # the whole state loads
+
+
+def test_a_construction_collective_that_fails_at_once_is_not_reported_as_a_timeout():
+    from odb.errors import RankFailure
+    from odb.runtime.group import LoaderGroup
+
+    g = LoaderGroup(None, 30.0)  # one rank: its collectives are what the test hands it
+
+    def refused():
+        raise RuntimeError("Connection refused")
+    with pytest.raises(RankFailure, match=r"failed after 0\.\d s, before timeout_s=30\.0 \(not a timeout"):
+        g._gather("the construction check of ODBDataLoader", "did not construct its loader", refused)
+
+
+def _own_dataset_with_sampler(rank, world_size, spec):
+    """Each rank its own dataset (of one length) and a sampler over it: the user chose each rank's samples."""
+    import odb
+
+    from mp_harness import ListSampler, Samples, id_collate
+
+    lengths = make_lengths(60, seed=rank + 7, lo=2, hi=40)
+    with odb.ODBDataLoader(Samples(lengths), 128, id_collate, sampler=ListSampler(range(60)), timeout_s=10,
+                           buffer_size=8) as loader:
+        return sum(len(odb.pop_step_info(b).indices) for b in loader)
+
+
+def test_each_rank_its_own_dataset_with_a_sampler_is_the_users_choice_and_runs(tmp_path):
+    assert _ok(run_ranks(_own_dataset_with_sampler, 2, tmp_path, args=({},), timeout_s=60)) == [60, 60]
+
+
+def _over_budget_images(rank, world_size, spec):
+    """Rank 1's samples are all over the budget and hold an image (a 2-D tensor): none can be cut to a filler."""
+    import torch
+
+    import odb
+
+    class Images(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            n = 200 if i % 2 else 10  # rank 1's (odd positions): over the budget of 64
+            return {"input_ids": torch.ones(n, dtype=torch.long), "pixel_values": torch.zeros(2, 3)}
+
+    def collate(samples):
+        return {"n": torch.tensor([len(s["input_ids"]) for s in samples])}
+    filler = {"input_ids": torch.ones(4, dtype=torch.long), "pixel_values": torch.zeros(2, 3)}
+    from mp_harness import ListSampler
+
+    shard = ListSampler(range(0, 40, 2) if rank == 0 else [1, 3])  # rank 1: two samples, then fillers
+    with odb.ODBDataLoader(Images(), 64, collate, filler_sample=filler, sampler=shard, placement=None, timeout_s=10,
+                           buffer_size=4) as loader:
+        out = []
+        for b in loader:
+            info = odb.pop_step_info(b)
+            out.append((info.filler, b["n"].tolist()))
+        return out
+
+
+def test_filler_sample_is_used_when_a_rank_saw_only_over_budget_samples_that_cannot_be_cut(tmp_path):
+    values = _ok(run_ranks(_over_budget_images, 2, tmp_path, args=({},), timeout_s=60))
+    assert len(values[0]) == len(values[1])
+    fillers = [n for f, n in values[1] if f]
+    assert fillers and all(n == [4] for n in fillers)  # filler_sample's content, not a cut of an image sample

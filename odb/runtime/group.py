@@ -19,7 +19,7 @@ from ..core.fingerprint import content_digest
 from ..core.shared import PARAMETERS, Shared, mismatches
 from ..errors import ConfigError, RankFailure
 
-__all__ = ["LoaderGroup", "group_size", "dataset_probe", "PROBES", "collective_failure"]
+__all__ = ["LoaderGroup", "group_size", "dataset_probe", "probe_stable", "PROBES", "collective_failure"]
 
 
 def collective_failure(what: str, elapsed: float, timeout_s: float, why_timeout: str, e: BaseException) -> str:
@@ -34,24 +34,42 @@ def collective_failure(what: str, elapsed: float, timeout_s: float, why_timeout:
 
 # The construction check's probe of a map-style dataset in the loader's own order: the samples at these
 # positions (the first and the middle index) on every rank, each read twice.  Cost: 2 PROBES samples
-# preprocessed per rank at construction, in the constructing thread.
+# preprocessed per rank at construction, in the constructing thread; where the ranks differ, CONFIRM_READS more
+# of each differing position before refusing (random preprocessing can repeat twice by chance: a coin-flip
+# augmentation looks stable on two reads of both ranks about one construction in twenty).
 PROBES = 2
 PROBE_POSITIONS = ("first", "middle")
+CONFIRM_READS = 8
+
+
+def _probe_indices(n: int) -> tuple[int, ...]:
+    return (0, n // 2)[:PROBES] if n else ()
+
+
+def _digest_at(dataset, i: int) -> int:
+    """The digest of ``dataset[i]``; 0 if it raises or returns None (the pass reports those with the index)."""
+    try:
+        sample = dataset[i]
+    except Exception:  # noqa: BLE001 - not compared here
+        return 0
+    return 0 if sample is None else content_digest([sample])
 
 
 def dataset_probe(dataset, n: int) -> tuple[int, ...]:
     """`odb.core.fingerprint.content_digest` of ``dataset[0]`` and ``dataset[n // 2]`` (n: its length), each
     read twice: 0 where the two reads differ (random preprocessing: nothing to compare), a read raises or
-    returns None (the loader reports those when it reads them)."""
+    returns None."""
     out = []
-    for i in (0, n // 2)[:PROBES]:
-        try:
-            a, b = dataset[i], dataset[i]
-            da = content_digest([a]) if a is not None else 0
-            out.append(da if da and da == content_digest([b]) else 0)
-        except Exception:  # noqa: BLE001 - this position is not compared; the pass reports its error with its index
-            out.append(0)
-    return tuple(out) if n else (0,) * PROBES
+    for i in _probe_indices(n):
+        a = _digest_at(dataset, i)
+        out.append(a if a and a == _digest_at(dataset, i) else 0)
+    return tuple(out) + (0,) * (PROBES - len(out))
+
+
+def probe_stable(dataset, n: int, probe: tuple[int, ...], ks: list[int], reads: int = CONFIRM_READS) -> bool:
+    """`reads` more reads of each probed position ``k in ks`` give `probe`'s digest every time."""
+    idx = _probe_indices(n)
+    return all(_digest_at(dataset, idx[k]) == probe[k] for k in ks for _ in range(reads))
 
 
 def group_size(process_group) -> int:
@@ -116,11 +134,12 @@ class LoaderGroup:
                                                  f"a peer rank died or {absent}", e)) from None
 
     def agree(self, shared: Shared | None, ahead: int, failure: BaseException | None = None,
-              probe: tuple[int, ...] = ()) -> tuple[int, ...]:
+              probe: tuple[int, ...] = (), reprobe: Callable[[list], bool] | None = None) -> tuple[int, ...]:
         """The construction check: one fixed-shape all-gather of `Shared` (every field compared), of each
         rank's `dataset_probe` and of its prefetch (gathered, not compared: the deals read every rank's).  A
         mismatch is a ConfigError on every rank naming each setting and every rank's value; so are probes
-        that differ at a position every rank read alike twice (each rank was given another dataset).  A rank
+        that differ at a position every rank read alike twice and, asked (`reprobe(positions)`, a collective
+        then), alike `CONFIRM_READS` times more (each rank was given another dataset).  A rank
         whose own construction failed (`failure`, `shared` None) posts that instead, and every rank raises at
         once: it re-raises its error, the others a ConfigError quoting it.  Returns the prefetches."""
         if self.group is None:
@@ -156,22 +175,33 @@ class LoaderGroup:
             raise ConfigError(f"rank {self.rank}: the ranks built this ODBDataLoader differently ({what}); every "
                               "rank must pass the same settings and the same whole dataset (the loader shards it): "
                               "each rank would decide the rounds differently, repeating and losing samples")
-        self._check_probes([row[1 + width:1 + width + PROBES] for row in rows])
+        self._check_probes([row[1 + width:1 + width + PROBES] for row in rows], reprobe)
         return tuple(row[-1] for row in rows)
 
-    def _check_probes(self, probes: list) -> None:
-        """ConfigError on every rank (the rows are gathered) if the ranks read different samples at a probed
-        position that every rank read alike twice."""
-        for k, col in enumerate(zip(*probes)):
-            if all(col) and len(set(col)) > 1:
-                pos = PROBE_POSITIONS[k]
-                raise ConfigError(
-                    f"rank {self.rank}: the ranks hold different samples at the same position of the dataset (the "
-                    f"{pos} position: content digests {', '.join(f'rank {r} {v:x}' for r, v in enumerate(col))}): "
-                    "each rank was given its own dataset of the same length (e.g. its own shard, full[rank::N]), "
-                    "and the loader would deal positions of it as if every rank held them all, so most samples "
-                    "would never train. Give every rank the whole dataset (the loader shards it), or pass "
-                    "sampler= to choose each rank's samples yourself")
+    def _check_probes(self, probes: list, reprobe: Callable[[list], bool] | None) -> None:
+        """ConfigError on every rank (the rows and the flags are gathered, so every rank takes each branch) if
+        the ranks read different samples at a probed position that every rank read alike, twice and then
+        `CONFIRM_READS` times more (`reprobe`: True if this rank's reads of those positions all agreed)."""
+        ks = [k for k, col in enumerate(zip(*probes)) if all(col) and len(set(col)) > 1]
+        if not ks:
+            return
+        flags = [torch.tensor([int(reprobe(ks)) if reprobe is not None else 1], dtype=torch.int64)
+                 for _ in range(self.world_size)]
+        mine = flags[self.rank].clone()
+        # SYNC: every rank reaches this when the gathered probes differ (the same rows on every rank)
+        self._gather("the construction check's second probe", "did not construct its loader",
+                     lambda: torch.distributed.all_gather(flags, mine, group=self.group))
+        if not all(int(f) for f in flags):
+            return  # random preprocessing at those positions: the probe cannot tell, so it does not refuse
+        k = ks[0]
+        col = [row[k] for row in probes]
+        raise ConfigError(
+            f"rank {self.rank}: the ranks hold different samples at the same position of the dataset (the "
+            f"{PROBE_POSITIONS[k]} position: content digests {', '.join(f'rank {r} {v:x}' for r, v in enumerate(col))}"
+            "): each rank was given its own dataset of the same length (e.g. its own shard, full[rank::N]), and the "
+            "loader would deal positions of it as if every rank held them all, so most samples would never train. "
+            "Give every rank the whole dataset (the loader shards it), or pass sampler= to choose each rank's "
+            "samples yourself")
 
     def gather_done(self, mine: list) -> list:
         """Dealt sharding, at every pass start: every rank's yielded ranges."""

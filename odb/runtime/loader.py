@@ -31,7 +31,7 @@ from ..core.placement import check_pool, placement_label
 from ..errors import ConfigError
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
-from .group import LoaderGroup, dataset_probe, group_size
+from .group import LoaderGroup, dataset_probe, group_size, probe_stable
 from .ledger import EpochLedger
 from ..settings import LoaderSettings, settings_help
 from .source import Source, shard_order
@@ -96,10 +96,11 @@ class ODBDataLoader:
             raise
         self.rank, self.world_size = self.group.rank, self.group.world_size
         try:  # every rank's prefetch, gathered with the compared settings (or this rank's failure)
+            probe = () if failure or self.group.world_size == 1 or self.order_kind != "own" else \
+                dataset_probe(self.dataset, len(self.dataset))  # what this rank's dataset holds at agreed positions
             self.aheads = self.group.agree(  # every rank's prefetch, gathered
-                None if failure else self.shared, 0 if failure else self.source.ahead, failure,
-                probe=() if failure or self.group.world_size == 1 or self.order_kind != "own"
-                else dataset_probe(self.dataset, len(self.dataset)))
+                None if failure else self.shared, 0 if failure else self.source.ahead, failure, probe=probe,
+                reprobe=lambda ks: probe_stable(self.dataset, len(self.dataset), probe, ks))
         except BaseException:
             self._close_source()
             self.group.destroy()
