@@ -68,7 +68,7 @@ class Engine:
         self.out: queue.Queue = queue.Queue()
         self._room = threading.Condition()        # the consumer took a batch (`taken`), or this rank stops
         self._taken = 0                            # batches the consumer took from `out`
-        self._released = [0]                       # batches released by the end of each collect, cumulative
+        self._released = (0, 0)                    # batches released before the last collect, and by its end
         self.error: BaseException | None = None   # the first error of this rank (local or fatal)
         self._quit = OK                            # only ever goes from OK to CLOSED or FAILED
         lay = core.layout  # the mode reads N and the compared layout only: every rank picks the same one
@@ -145,7 +145,7 @@ class Engine:
             if out.abort_error is not None:
                 self._aborted(out.abort_error)
             if collected:
-                self._released.append(self._released[-1] + len(out.release))
+                self._released = (self._released[1], self._released[1] + len(out.release))
                 if not core.done:
                     self._park()
         if not core.local["aborted"] and not core.ended:
@@ -240,7 +240,7 @@ class Engine:
         consumer has taken every batch released before this collect, or this rank stops.  Not bounded by
         ``timeout_s``: a consumer's pause is not a failure; a peer waiting for this rank in the next collective
         is what bounds it (module docstring)."""
-        need = self._released[-2]
+        need = self._released[0]
         with self._room:
             while self._quit == OK and self._taken < need:
                 self._room.wait(0.05)
