@@ -11,7 +11,7 @@ INSTALL := $(PIP) install -q -c constraints.txt
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: install test test-fast verify verify-deep mutants mutation mutation-sample bench bench-full repro repro-full repro-gpu examples docs clean
+.PHONY: install test test-fast verify verify-deep mutants mutation mutation-sample bench bench-full bench-plan repro repro-full repro-gpu examples docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,8 +33,15 @@ test: $(VENV)/.stamp-all $(MUT)/.stamp  ## the whole test suite and a fixed samp
 test-fast: $(VENV)/.stamp-test  ## tests without the adapter and multi-process tiers
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not adapters"
 
-docs: $(VENV)/.stamp-all  ## the documentation site into site/ (MkDocs, --strict: a broken link or reference fails)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+# The site needs only the docs extra (mkdocstrings reads the sources without importing them): a venv of its own.
+DOCSVENV := .venv-docs
+$(DOCSVENV)/.stamp: pyproject.toml constraints.txt
+	$(PY) -m venv $(DOCSVENV)
+	$(DOCSVENV)/bin/python -m pip --disable-pip-version-check install -q -c constraints.txt -e '.[docs]'
+	touch $@
+
+docs: $(DOCSVENV)/.stamp  ## the documentation site into site/ (MkDocs, --strict: a broken link or reference fails)
+	NO_MKDOCS_2_WARNING=1 $(DOCSVENV)/bin/python -m mkdocs build --strict --site-dir site
 
 examples: $(VENV)/.stamp-all  ## every example, 2 gloo ranks
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_examples.py
@@ -85,6 +92,9 @@ bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8
 
 bench-first-batch: $(VENV)/.stamp-all  ## the first batch's wait and the epoch's time, the default against placement=None, 1 and 2 gloo ranks (about 4 min)
 	$(BIN)/python -m paper_repro.bench_first_batch
+
+bench-plan: $(VENV)/.stamp-all  ## how long `odb plan` takes on the planning guide's examples, by world size (about 4 min)
+	$(BIN)/python -m paper_repro.bench_plan
 
 bench-defaults: $(VENV)/.stamp-all  ## the default configuration at the 80 committed grid points against the targets, beside the opt-ins and peers (from the committed run; --run reruns it, hours)
 	$(BIN)/python -m paper_repro.defaults_grid

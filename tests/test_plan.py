@@ -76,9 +76,14 @@ def test_the_command_line_prints_json_whose_recommendation_a_loader_takes(tmp_pa
                            "--window", "32"], capture_output=True, text=True, timeout=120).stdout
     line = next(x for x in text.splitlines() if x.startswith("Recommended: "))
     want = plan(LENGTHS, world_size=4, budgets=[256], windows=[32]).recommended.candidate.placement()
-    # the placement is printed unless it is what the default resolves to on 4 ranks (the exchange)
-    assert line == "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32" + (
-        ")" if want == DEFAULT_EXCHANGE else f", placement={'None' if want is None else 'odb.' + repr(want)})"), line
+    # every setting is printed, the placement always (the default's resolution depends on the world size)
+    assert line == "Recommended: ODBDataLoader(dataset, token_budget=256, buffer_size=32, placement=" + (
+        f"{'None' if want is None else 'odb.' + repr(want)})"), line
+    loader = eval(line.removeprefix("Recommended: "), {"ODBDataLoader": odb.ODBDataLoader, "odb": odb,
+                                                       "dataset": Samples(LENGTHS)})  # runnable as printed
+    assert loader.settings.placement == want
+    loader.close()
+    assert "straggler: mean/max rank batch cost per step" in text  # the columns, explained under the table
 
 
 def test_lengths_are_read_from_every_format_and_a_missing_column_is_named(tmp_path):
@@ -144,8 +149,8 @@ def test_an_epoch_that_misses_the_balance_target_says_once_what_a_larger_window_
     assert all(r.status == "ok" for r in res), [r.error for r in res]
     (hint,), others = res[0].value, res[1].value
     assert not others  # rank 0 only, once per loader
-    assert "buffer_size=8 (now): straggler" in hint and "buffer_size=16:" in hint and "buffer_size=32:" in hint
-    assert "placement='auto' (the default: the round exchange) at buffer_size=8: straggler" in hint  # run without it
+    assert "buffer_size=8 (now): token balance" in hint and "buffer_size=16:" in hint and "buffer_size=32:" in hint
+    assert "placement='auto' (the default: the round exchange) at buffer_size=8: token balance" in hint  # run without it
 
 
 def _hint_loader(world_size, buffer_size, cost="padded", placement=None):
@@ -159,15 +164,18 @@ def test_the_hint_simulates_only_below_its_sample_limit_and_otherwise_names_the_
     from odb.runtime.observe import HINT_SAMPLES, plan_hint
 
     lengths = [(7 * k) % 200 + 1 for k in range(300)]
-    hint = plan_hint(_hint_loader(2, 8), lengths, 0.9)  # 2 ranks x 2 x 32 samples: simulated
-    assert "lengths at 2 ranks predicts: buffer_size=8 (now): straggler" in hint and "buffer_size=32:" in hint
-    # the largest window's simulation holds world_size x 2 x 4 x buffer_size samples: one rank more than the limit
-    # allows, and the hint does not simulate but says which command would
-    w = 1024
-    n = HINT_SAMPLES // (8 * w) + 1
-    assert n * 4 * w <= HINT_SAMPLES < n * 8 * w
+    hint = plan_hint(_hint_loader(2, 8), lengths, 0.9)  # an epoch of 2 ranks x 300 samples: simulated
+    assert "drawn for all 2 ranks, predicts: buffer_size=8 (now): token balance" in hint and "buffer_size=32:" in hint
+    # the simulated epoch holds world_size x this rank's samples: one rank more than the limit allows, and the hint
+    # does not simulate but says which command would
+    w = 64
+    n = HINT_SAMPLES // len(lengths) + 1
+    assert (n - 1) * len(lengths) <= HINT_SAMPLES < n * len(lengths)
     big = plan_hint(_hint_loader(n, w), lengths, 0.9)
     assert "predicts" not in big and f"--world-size {n} to see what buffer_size={2 * w} or pooling" in big
+    # a window that holds the rank's whole epoch already: no larger one is proposed
+    whole = plan_hint(_hint_loader(2, 512), lengths, 0.9)
+    assert "already holds this rank's whole epoch (300 samples)" in whole and "buffer_size=1024" not in whole
     for cost in ("linear", None):  # a cost the planner does not model, or the user's own: no figures
         assert "predicts what another buffer_size" in plan_hint(_hint_loader(2, 8, cost), lengths, 0.9)
     assert "predicts what another buffer_size" in plan_hint(_hint_loader(2, 8), lengths[:1], 0.9)
@@ -365,3 +373,78 @@ def test_the_memory_fit_puts_a_sample_longer_than_the_budget_alone_in_one_row_of
     res.total_bytes = int(two / 0.9) + 2**20
     best, why = largest_budget(res, [256, 6000], longest)
     assert best == 6000 and f"(2 x {longest} tokens)" in why, why
+
+
+# -- the user's epoch, at a user's pace (issue 64) ---------------------------------------------------------------
+
+def test_the_plan_simulates_the_users_epoch_and_never_a_window_past_a_ranks_share_of_it():
+    lines = []
+    r = plan(LENGTHS, world_size=8, budgets=[256, 512], windows=[32, 64, 128], progress=lines.append)
+    i = r.inputs
+    assert (i["simulated_samples"], i["samples_per_rank"], i["order"]) == (600, 75, "exact")  # the data given, as is
+    assert i["windows_cut"] == [128] and {p.candidate.buffer_size for p in r.predictions} == {32, 64, 75}
+    assert all(p.candidate.buffer_size <= 75 for p in r.predictions)
+    assert len(lines) == len(r.predictions) == 2 * 3 * 2 and all(line.startswith("odb plan: ") for line in lines)
+    assert "cut to 75, a rank's epoch" in r.text()
+    # a sample of the data, with the dataset's size: drawn up to that size, and said so
+    drawn = plan(LENGTHS[:200], world_size=8, budgets=[256], windows=[32], num_samples=600)
+    assert (drawn.inputs["simulated_samples"], drawn.inputs["order"]) == (600, "drawn")
+    assert "drawn with replacement from the 200 given" in drawn.text()
+    with pytest.raises(odb.ConfigError, match="fewer samples than ranks"):
+        plan(LENGTHS[:4], world_size=8)
+
+
+def test_a_small_epoch_is_named_and_a_large_one_is_not():
+    small = plan(LENGTHS, world_size=8, budgets=[4096], windows=[64])  # 75 samples a rank: a few steps of 4096
+    assert any(w.startswith("a small epoch: 75 samples a rank") for w in small.why)
+    big = plan(LENGTHS, world_size=2, budgets=[128], windows=[64])  # 300 a rank at 128 tokens: many steps
+    assert not any(w.startswith("a small epoch") for w in big.why)
+
+
+def test_measure_and_plan_compose_as_the_guide_writes_them_and_a_report_prints_as_its_table():
+    report = plan(measure(Samples(LENGTHS), num=300), world_size=2, budgets=[256], windows=[32])
+    assert report.predictions[0].first_batch_s is not None  # the measured seconds became preprocess_s
+    text = str(report)
+    assert text == report.text() and report.table() in text and "Recommended: ODBDataLoader(dataset" in text
+    assert len(text) < 3000
+
+
+def test_the_recommendation_says_best_when_it_is_the_best_budget_not_the_smallest_within_5_percent():
+    r = plan(LENGTHS, world_size=2, budgets=[64, 256, 1024], windows=[64])
+    first = r.why[0]
+    best = max(p.throughput_vs_standard for p in r.predictions)
+    chosen = max(p.throughput_vs_standard for p in r.predictions if p.candidate.token_budget == r.recommended.candidate.token_budget)
+    if chosen == best:
+        assert "the best predicted throughput" in first and "smallest budget within 5%" not in first
+    else:
+        assert "the smallest budget within 5% of the best" in first
+
+
+def test_the_command_line_checks_plot_before_computing_and_reads_a_saved_datasets_input_ids(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in LENGTHS], "labels": [[1] * n for n in LENGTHS]})
+    ds.save_to_disk(str(tmp_path / "saved"))
+    assert read_lengths(str(tmp_path / "saved")).tolist() == LENGTHS  # input_ids: what the loader measures
+    datasets.Dataset.from_dict({"a": [1, 2], "b": [3, 4]}).save_to_disk(str(tmp_path / "other"))
+    with pytest.raises(odb.ConfigError, match=r"Pass --column, one of \['a', 'b'\]"):
+        read_lengths(str(tmp_path / "other"))
+    np.save(tmp_path / "l.npy", np.asarray(LENGTHS))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # matplotlib made unimportable: the error comes before any candidate is simulated
+    code = ("import sys; sys.modules['matplotlib'] = None; from odb.plan.cli import main; "
+            f"sys.exit(main([{str(tmp_path / 'l.npy')!r}, '--world-size', '2', '--plot', 'x.png']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "--plot needs matplotlib" in out.stderr and "odb plan: 1/" not in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "odb", "plan", str(tmp_path / "l.npy"), "--world-size", "2",
+                         "--budget", "256", "--window", "32"], capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0 and "odb plan: 1/2 token_budget=256" in ok.stderr  # progress, a line per candidate
+
+
+def test_odb_help_lists_the_commands_and_version_prints_it():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    h = subprocess.run([sys.executable, "-m", "odb", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert h.returncode == 0 and "plan LENGTHS --world-size N" in h.stdout
+    v = subprocess.run([sys.executable, "-m", "odb", "--version"], capture_output=True, text=True, timeout=60, env=env)
+    assert v.returncode == 0 and v.stdout.strip() == f"odb {odb.__version__}"
+    bad = subprocess.run([sys.executable, "-m", "odb", "plna"], capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "unknown command 'plna'" in bad.stderr

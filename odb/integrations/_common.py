@@ -209,10 +209,12 @@ class TrainProgress:
         self.micro_steps += 1
 
     def state_dict(self) -> dict:
+        """The counters, versioned (every rank holds the same)."""
         return {"version": 1, "samples": self.samples, "micro_steps": self.micro_steps,
                 "optimizer_steps": self.optimizer_steps, "epoch": self.epoch}
 
     def load_state_dict(self, sd: dict) -> None:
+        """Restore `state_dict`'s counters; ConfigError on another version or unknown keys."""
         sd = dict(sd)
         version = sd.pop("version", None)
         if version != 1:

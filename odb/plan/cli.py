@@ -43,9 +43,9 @@ def read_lengths(path: str, column: str | None = None) -> np.ndarray:
         except ImportError:
             raise ConfigError(f"{path} is a folder: reading a saved dataset needs `datasets` (pip install datasets)") \
                 from None
-        if column is None:
-            raise ConfigError("a saved dataset needs --column (the one holding lengths or token lists)")
-        return np.asarray([_count(v) for v in load_from_disk(path)[column]], dtype=np.int64)
+        ds = load_from_disk(path)
+        column = column or _obvious_column(list(ds.column_names), path)
+        return np.asarray([_count(v) for v in ds[column]], dtype=np.int64)
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
         return np.asarray(np.load(path), dtype=np.int64).reshape(-1)
@@ -70,6 +70,19 @@ def read_lengths(path: str, column: str | None = None) -> np.ndarray:
                       "dataset's folder")
 
 
+# a saved dataset's column `odb plan` reads without --column: the loader's default length is input_ids'
+_LENGTH_COLUMNS = ("input_ids", "length", "lengths", "num_tokens", "n_tokens")
+
+
+def _obvious_column(names: list, path: str) -> str:
+    """The column of a saved dataset that holds the lengths when the user named none: ``input_ids`` (what the
+    loader measures by default), else the one column named like a length; ConfigError listing them otherwise."""
+    for name in _LENGTH_COLUMNS:
+        if name in names:
+            return name
+    raise ConfigError(f"{path}: which column holds the lengths or token lists? Pass --column, one of {names}")
+
+
 def measure(dataset, *, num: int = 2000, length_fn: Callable | None = None, seed: int = 0) -> tuple[np.ndarray, float]:
     """Lengths of up to `num` random samples of `dataset` (map-style), measured as the loader measures them
     (``length_fn``, default the 1-D ``input_ids``; tokens first), and the mean seconds of one sample's
@@ -89,7 +102,7 @@ def measure(dataset, *, num: int = 2000, length_fn: Callable | None = None, seed
     return np.asarray(out, dtype=np.int64), t / max(1, len(idx))
 
 
-def _plot(report, path: str) -> None:
+def _pyplot():
     try:
         import matplotlib
 
@@ -98,6 +111,11 @@ def _plot(report, path: str) -> None:
     except ImportError:
         raise ConfigError("--plot needs matplotlib (pip install matplotlib); --json and the table need nothing") \
             from None
+    return plt
+
+
+def _plot(report, path: str) -> None:
+    plt = _pyplot()
     preds = report.predictions
     fig, ax = plt.subplots(figsize=(7, 4))
     for pool, ex, mk, label in ((1, False, "o", "placement=None"), (1, True, "D", "exchanged (the default)"),
@@ -105,11 +123,15 @@ def _plot(report, path: str) -> None:
         ps = [p for p in preds if p.candidate.exchange == ex and (p.candidate.pool_size == 1) == (pool == 1)]
         if ps:
             ax.scatter([p.straggler_efficiency for p in ps], [p.throughput_vs_gmt for p in ps], marker=mk, label=label)
+    for p in preds:  # each point names its budget and window (the marker its placement)
+        ax.annotate(f"{p.candidate.token_budget}/{p.candidate.buffer_size}", (p.straggler_efficiency,
+                    p.throughput_vs_gmt), fontsize=6, xytext=(3, 3), textcoords="offset points")
     r = report.recommended
     ax.scatter([r.straggler_efficiency], [r.throughput_vs_gmt], s=160, facecolors="none", edgecolors="k",
                label="recommended")
     ax.axvline(0.97, color="grey", lw=0.7)
     ax.axhline(0.97, color="grey", lw=0.7)
+    ax.set_title("each point: token_budget/buffer_size", fontsize=8)
     ax.set_xlabel("straggler efficiency (budget cost)")
     ax.set_ylabel("predicted throughput / GMT's")
     ax.legend(fontsize=8)
@@ -133,10 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                 f"{list(DEFAULT_WINDOWS)})")
     ap.add_argument("--cost", default="padded", choices=["padded", "packed"], help="as the loader's cost")
     ap.add_argument("--column", help="the field or column holding lengths (jsonl, parquet, saved dataset)")
-    ap.add_argument("--num-samples", type=int, help="the dataset's size (steps are per epoch of it)")
-    ap.add_argument("--samples-per-rank", type=int, help="the simulated epoch per rank (default: see odb.plan)")
+    ap.add_argument("--num-samples", type=int, help="the dataset's size, when the lengths are a sample of it (the "
+                    "epoch simulated; default: the number of lengths given)")
+    ap.add_argument("--samples-per-rank", type=int, help="simulate this many samples a rank instead of the epoch, "
+                    "and scale the steps to it")
     ap.add_argument("--seed", type=int, default=0, help="the loader's seed (its shuffled order)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--plot", help="write a PNG of the candidates (needs matplotlib)")
     ap.add_argument("--probe", metavar="MODEL", help="fit the step-time model to MODEL on this machine's device: a "
                     "saved transformers model's folder, or module:callable returning a torch module (odb.plan.probe)")
@@ -144,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     probed, why_budget = None, None
     try:
+        if a.plot:
+            _pyplot()  # before the computation: a missing matplotlib fails now, not after it
         lengths = read_lengths(a.lengths, a.column)
         budgets = a.budget or list(DEFAULT_BUDGETS)
         extra = {}
@@ -157,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 budgets = [b for b in budgets if b <= best]
         report = plan(lengths, world_size=a.world_size, ranks_per_host=a.ranks_per_host, budgets=budgets,
                       windows=a.window, cost=a.cost, samples_per_rank=a.samples_per_rank, num_samples=a.num_samples,
-                      seed=a.seed, **extra)
+                      seed=a.seed, progress=None if a.quiet else lambda line: print(line, file=sys.stderr, flush=True),
+                      **extra)
         if probed is not None:
             report.inputs["step_model"] = f"fitted on {probed.device} (largest error {probed.fit_error:.1%})"
             report.inputs["probe"] = probed.as_dict()
@@ -170,20 +198,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0
-    i = report.inputs
-    print(f"{i['lengths']} lengths (mean {i['mean_length']:.0f}, CV {i['cv']:.2f}, max {i['max_length']}); "
-          f"{i['world_size']} ranks, {i['simulated_samples_per_rank']} samples per rank simulated"
-          f"{' (drawn with replacement)' if i['drawn_with_replacement'] else ''}; step-time model {i['step_model']}; "
-          f"{report.seconds:.1f} s\n")
-    print(report.table())
-    from ..core.placement import AUTO, resolve_placement
-
-    c = report.recommended.candidate
-    kw = {**c.settings(), "placement": "None" if c.placement() is None else f"odb.{c.placement()!r}"}
-    if c.placement() == resolve_placement(AUTO, world=a.world_size, mode="pad", sharding="dealt"):
-        del kw["placement"]  # what the default resolves to here (--json names it all the same)
-    print("\nRecommended: ODBDataLoader(dataset, " + ", ".join(
-        f"{k}={v if k == 'placement' else repr(v)}" for k, v in kw.items()) + ")")
-    for line in report.why:
-        print(f"  - {line}")
+    print(report.text())
     return 0

@@ -18,9 +18,11 @@ estimates whose error the documentation states.
 
 1. candidates: each budget x each window x the placements this N allows (pooled windows and the round
    exchange need G ranks per host, N a multiple of G, and at least 2 pools);
-2. every candidate simulated on the same dealt order (samples drawn with replacement when more are needed
-   than given: `samples_per_rank` per rank, default 2 windows of the largest candidate); steps are scaled to
-   one epoch of `num_samples` (default: the lengths given);
+2. every candidate simulated on the same dealt order of the user's epoch: ``num_samples`` samples (default: the
+   lengths given, in the loader's own shuffle: its exact run); a sample of the data is scaled to that size by
+   drawing with replacement, and the report says so.  A window larger than a rank's epoch is cut to it (one
+   round then holds the whole epoch), and an epoch of fewer than `SMALL_EPOCH_STEPS` steps a rank is named:
+   its balance and step targets describe a handful of steps;
 3. the recommendation: of the candidates that meet every target, the one that costs least (the smallest
    budget whose throughput is within 5% of the best budget's, then the smallest window, then no pooling,
    then no exchange); if none meets them, the one with the best predicted throughput, its misses named.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -40,9 +42,15 @@ from ..settings import LoaderSettings
 from .metrics import schedule_metrics
 from .stepmodel import H20_2B, StepModel, odb_round_latency, predict
 
-__all__ = ["Candidate", "Prediction", "PlanReport", "plan", "TARGETS", "DEFAULT_WINDOWS", "DEFAULT_BUDGETS"]
+__all__ = ["Candidate", "Prediction", "PlanReport", "plan", "TARGETS", "DEFAULT_WINDOWS", "DEFAULT_BUDGETS",
+           "SMALL_EPOCH_STEPS", "COLUMNS"]
 
 TARGETS = {"straggler_efficiency": 0.97, "steps_vs_gmt": 1.05, "throughput_vs_gmt": 0.97}
+SMALL_EPOCH_STEPS = 20  # GMT's steps a rank an epoch below which the report says the targets mean little
+# what the table's columns are, in one line (the planning guide says more)
+COLUMNS = ("steps: optimizer steps per rank per epoch; padding: padded share of the batches' tokens; straggler: "
+           "mean/max rank batch cost per step (1 = balanced); vs GMT, vs Std-1: predicted throughput over the offline "
+           "oracle GMT's and over a fixed batch of 1; moved: batches the exchange sends to another rank")
 DEFAULT_WINDOWS = (256, 1024, 2048, 4096)
 DEFAULT_BUDGETS = (4096, 8192, 16384)  # the paper's recipes use 8192 to 16384 padded tokens
 SLACK = DEFAULT_EXCHANGE.slack  # the exchange's budget balance where it is a candidate: the default's
@@ -79,6 +87,12 @@ class Candidate:
         p = self.placement()
         return f"token_budget={self.token_budget}, buffer_size={self.buffer_size}, placement={p!r}"
 
+    def call(self) -> str:
+        """The loader's construction with every setting of this candidate, the placement always named."""
+        p = self.placement()
+        return (f"ODBDataLoader(dataset, token_budget={self.token_budget}, buffer_size={self.buffer_size}, "
+                f"placement={'None' if p is None else f'odb.{p!r}'})")
+
 
 @dataclass
 class Prediction:
@@ -88,6 +102,7 @@ class Prediction:
     steps: float                     # optimizer steps per rank per epoch (PAD: every rank alike)
     padding: float                   # padded share of the batches' tokens (pad collate)
     straggler_efficiency: float      # mean over steps of mean / max rank batch cost, in budget cost
+    token_balance: float             # the loader's own straggler estimate: sum of mean / sum of max rank tokens
     budget_use: float                # how full the batches are, of the budget
     steps_vs_gmt: float
     throughput_vs_gmt: float         # predicted samples/s over GMT's, through the step-time model
@@ -122,6 +137,26 @@ class PlanReport:
                 "candidates": [p.as_dict() for p in self.predictions], "inputs": self.inputs,
                 "targets": TARGETS, "seconds": self.seconds}
 
+    def __str__(self) -> str:
+        return self.text()
+
+    def text(self) -> str:
+        """What ``odb plan`` prints: the inputs in a line, the table, its columns, the recommendation (every
+        setting, the placement included) and why."""
+        i = self.inputs
+        how = {"exact": "the loader's own order of every length given",
+               "subset": f"the first {i['simulated_samples']} of the loader's order of the {i['lengths']} given",
+               "drawn": f"drawn with replacement from the {i['lengths']} given"}[i["order"]]
+        out = [f"{i['lengths']} lengths (mean {i['mean_length']:.0f}, CV {i['cv']:.2f}, max {i['max_length']}); "
+               f"{i['world_size']} ranks; an epoch of {i['simulated_samples']} samples ({i['samples_per_rank']} a "
+               f"rank) simulated, {how}; step-time model {i['step_model']}; {self.seconds:.1f} s"]
+        if i.get("windows_cut"):
+            out.append(f"(buffer_size {', '.join(map(str, i['windows_cut']))} cut to {i['samples_per_rank']}, a "
+                       "rank's epoch: a larger window holds nothing more)")
+        out += ["", self.table(), "", COLUMNS, "", "Recommended: " + self.recommended.candidate.call()]
+        out += [f"  - {line}" for line in self.why]
+        return "\n".join(out)
+
     def table(self) -> str:
         """The predictions as text, one line per candidate, the recommended one marked."""
         w = max(len(p.candidate.label()) for p in self.predictions)
@@ -149,33 +184,47 @@ def _candidates(world_size: int, ranks_per_host: int, budgets, windows) -> list[
     return out
 
 
-def _dealt(lengths: np.ndarray, total: int, seed: int) -> np.ndarray:
-    """`total` lengths in the loader's dealt order: all given ones in its shuffle (``seed``, epoch 0) when that
-    many were given, else drawn with replacement (seeded)."""
+def _dealt(lengths: np.ndarray, total: int, seed: int) -> tuple[np.ndarray, str]:
+    """`total` lengths in the loader's dealt order, and how they were taken: all given ones in its shuffle
+    (``seed``, epoch 0) when that many were given ("exact"), the first `total` of that order when more were
+    given ("subset"), else drawn with replacement, seeded ("drawn")."""
     from ..runtime.source import shard_order
 
-    if total == len(lengths):
-        return lengths[np.asarray(shard_order(len(lengths), 0, 1, True, seed, 0))]
-    return np.random.default_rng(seed).choice(lengths, size=total, replace=True)
+    if total <= len(lengths):
+        order = lengths[np.asarray(shard_order(len(lengths), 0, 1, True, seed, 0))]
+        return (order, "exact") if total == len(lengths) else (order[:total], "subset")
+    return np.random.default_rng(seed).choice(lengths, size=total, replace=True), "drawn"
+
+
+def _measured(lengths):
+    """`odb.plan.measure`'s ``(lengths, seconds)`` pair, or None."""
+    if isinstance(lengths, tuple) and len(lengths) == 2 and isinstance(lengths[1], float) and \
+            hasattr(lengths[0], "__len__"):
+        return lengths
+    return None
 
 
 def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, budgets: Sequence[int] | None = None,
          windows: Sequence[int] | None = None, cost: str = "padded", samples_per_rank: int | None = None,
          num_samples: int | None = None, seed: int = 0, preprocess_s: float | None = None, num_workers: int = 0,
-         sample_bytes: float | None = None, step_model: StepModel = H20_2B) -> PlanReport:
+         sample_bytes: float | None = None, step_model: StepModel = H20_2B,
+         progress: Callable[[str], None] | None = None) -> PlanReport:
     """Predict every candidate configuration on these post-preprocessing `lengths` and recommend one.
 
-    :param lengths: tokens per sample after preprocessing (a sample of the data, or all of it).
+    :param lengths: tokens per sample after preprocessing (all of the data, or a sample of it with
+        ``num_samples``); or what `odb.plan.measure` returns, ``(lengths, seconds)``, whose seconds become
+        ``preprocess_s``.
     :param world_size: N ranks; ``ranks_per_host`` G makes pooled windows and the exchange candidates.
     :param budgets: candidate ``token_budget`` values (default `DEFAULT_BUDGETS`); ``windows``: candidate
         ``buffer_size`` values (default `DEFAULT_WINDOWS`).
     :param cost: ``"padded"`` (the loader's default) or ``"packed"`` (a padding-free collate).
-    :param samples_per_rank: the simulated epoch's samples per rank (default: all given lengths when that is
-        at least 2 windows per rank, else 2 windows of the largest candidate, drawn with replacement).
-    :param num_samples: the dataset's size: steps are per epoch of it (default: the number of lengths given).
+    :param num_samples: the dataset's size, the epoch simulated (default: the number of lengths given).
+    :param samples_per_rank: simulate this many samples a rank instead, and scale the steps to ``num_samples``.
     :param preprocess_s: seconds to preprocess one sample, for the first batch's wait (with ``num_workers``).
     :param sample_bytes: host bytes of one preprocessed sample, for the window's memory.
-    Raises `ConfigError` for lengths that are empty, not positive, or a world size below 1.
+    :param progress: called with a line as each candidate is done (the command line prints it on stderr).
+    Raises `ConfigError` for lengths that are empty, not positive, a world size below 1, or an epoch of fewer
+    samples than ranks.
     """
     from ..baselines.offline import global_max_tokens, standard
     from ..batching import default_policy, make_cost_model
@@ -183,6 +232,10 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
     from ..runtime.engine import header_layout
 
     t0 = time.perf_counter()
+    measured = _measured(lengths)
+    if measured is not None:
+        lengths, secs = measured
+        preprocess_s = secs if preprocess_s is None else preprocess_s
     lens = np.asarray([int(x) for x in lengths], dtype=np.int64)
     if lens.size == 0 or lens.min() < 1:
         raise ConfigError("odb plan needs at least one length, every one >= 1 token (post-preprocessing lengths)")
@@ -191,24 +244,29 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
     if cost not in ("padded", "packed"):
         raise ConfigError(f"cost must be 'padded' or 'packed', got {cost!r}")
     budgets = sorted(set(budgets or DEFAULT_BUDGETS))
-    windows = sorted(set(windows or DEFAULT_WINDOWS))
-    if samples_per_rank is None:
-        given = len(lens) // world_size
-        samples_per_rank = given if given >= 2 * max(windows) else 2 * max(windows)
-    total = samples_per_rank * world_size
-    dealt = _dealt(lens, total, seed)
+    num_samples = int(num_samples or len(lens))
+    total = num_samples if samples_per_rank is None else int(samples_per_rank) * world_size
+    if total < world_size:
+        raise ConfigError(f"an epoch of {total} samples on {world_size} ranks: fewer samples than ranks")
+    per_rank = total // world_size
+    asked = sorted(set(windows or DEFAULT_WINDOWS))
+    cut = [w for w in asked if w > per_rank]  # a window past a rank's epoch holds nothing more: cut to it
+    windows = sorted({w for w in asked if w <= per_rank} | ({per_rank} if cut else set()))
+    dealt, order = _dealt(lens, total, seed)
     sizes = [(int(x),) for x in dealt]
     measures = [((int(x),), int(x) - 1) for x in dealt]
-    num_samples = num_samples or len(lens)
     scale = num_samples / total
     collate = "pad" if cost == "padded" else "packed"
     filler = int(np.median(dealt))
-    predictions = []
+    predictions, gmt_steps = [], []
+    todo = len(budgets) * len(_candidates(world_size, ranks_per_host, [budgets[0]], windows))
     for b in budgets:
         cm = make_cost_model(cost, b)
         gmt = _predicted(global_max_tokens(sizes, cm, world_size), sizes, world_size, filler, collate, step_model)
         std = _predicted(standard(len(sizes), world_size, 1), sizes, world_size, filler, collate, step_model)
+        gmt_steps.append(gmt["steps"] * scale)
         for c in (c for c in _candidates(world_size, ranks_per_host, [b], windows)):
+            tc = time.perf_counter()
             sim = simulate([[] for _ in range(world_size)], c.loader_settings(cm), deal=measures)
             pl = c.placement()
             header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
@@ -221,7 +279,7 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
             w_samples = c.buffer_size * c.pool_size
             p = Prediction(
                 candidate=c, steps=m["steps"] * scale, padding=m["padding"], straggler_efficiency=m["straggler_eff"],
-                budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
+                token_balance=m["token_balance"], budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
                 throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
                 throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
                 first_batch_s=None if preprocess_s is None else
@@ -233,12 +291,18 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
                                         ("throughput_vs_gmt", p.throughput_vs_gmt >= TARGETS["throughput_vs_gmt"]))
                         if not ok]
             predictions.append(p)
-    rec, why = _recommend(predictions, budgets)
+            if progress is not None:
+                progress(f"odb plan: {len(predictions)}/{todo} {c.label()}: {time.perf_counter() - tc:.1f} s")
+    rec, why = _recommend(predictions, budgets, per_rank)
+    if min(gmt_steps) < SMALL_EPOCH_STEPS:
+        why.append(f"a small epoch: {per_rank} samples a rank, {min(gmt_steps):.0f} steps of the offline oracle's at "
+                   "the smallest budget; the straggler and step targets describe a handful of steps here, and the "
+                   "first and last rounds weigh as much as the rest")
     inputs = {"lengths": len(lens), "mean_length": float(lens.mean()), "cv": float(lens.std() / lens.mean()),
               "max_length": int(lens.max()), "world_size": world_size, "ranks_per_host": ranks_per_host,
-              "cost": cost, "simulated_samples_per_rank": samples_per_rank, "drawn_with_replacement": total != len(lens),
-              "num_samples": num_samples, "seed": seed, "step_model": "H20_2B" if step_model == H20_2B
-              else repr(step_model)}
+              "cost": cost, "simulated_samples": total, "samples_per_rank": per_rank, "order": order,
+              "windows_cut": cut, "num_samples": num_samples, "seed": seed,
+              "step_model": "H20_2B" if step_model == H20_2B else repr(step_model)}
     return PlanReport(predictions, rec, why, inputs, time.perf_counter() - t0)
 
 
@@ -255,15 +319,19 @@ def _predicted(rows, sizes, world: int, filler: int, collate: str, model: StepMo
     return {"steps": max(len(r) for r in rows), "samples_per_s": out["samples_per_s"]}
 
 
-def _recommend(preds: list[Prediction], budgets: list[int]) -> tuple[Prediction, list[str]]:
+def _recommend(preds: list[Prediction], budgets: list[int], per_rank: int) -> tuple[Prediction, list[str]]:
     # Standard batch 1 is the same run whatever the budget: the one scale all budgets are read on
     best_by_budget = {b: max(p.throughput_vs_standard for p in preds if p.candidate.token_budget == b)
                       for b in budgets}
     top = max(best_by_budget.values())
     budget = min(b for b in budgets if best_by_budget[b] >= 0.95 * top)
-    why = [f"token_budget={budget}: the smallest candidate within 5% of the best predicted throughput "
-           f"({best_by_budget[budget]:.2f}x Standard batch 1 against {top:.2f}x); it must fit your GPU: with "
-           "cost='padded' no batch holds more than rows x longest <= budget tokens"]
+    fit = "it must fit your GPU: with cost='padded' no batch holds more than rows x longest <= budget tokens"
+    if best_by_budget[budget] == top:
+        why = [f"token_budget={budget}: the best predicted throughput ({top:.2f}x Standard batch 1)" +
+               ("" if budget == budgets[0] else ", and no smaller budget is within 5% of it") + f"; {fit}"]
+    else:
+        why = [f"token_budget={budget}: the smallest budget within 5% of the best predicted throughput "
+               f"({best_by_budget[budget]:.2f}x Standard batch 1 against {top:.2f}x); {fit}"]
     mine = [p for p in preds if p.candidate.token_budget == budget]
     meets = [p for p in mine if not p.misses]
 
@@ -279,14 +347,18 @@ def _recommend(preds: list[Prediction], budgets: list[int]) -> tuple[Prediction,
     else:
         rec = max(mine, key=lambda p: (p.throughput_vs_gmt, -price(p)[0]))
         c = rec.candidate
+        helps = ("the window holds a rank's whole epoch already: pooling with the exchange (--ranks-per-host) is "
+                 "what could help" if c.buffer_size >= per_rank else
+                 "a larger window, or pooling with the exchange, is what would help")
         why.append(f"buffer_size={c.buffer_size}: no candidate meets every target; this one predicts the best "
                    f"throughput ({rec.throughput_vs_gmt:.3f}x GMT's) and misses {', '.join(rec.misses)} (straggler "
-                   f"{rec.straggler_efficiency:.3f}); a larger window, or pooling with the exchange, is what would help")
+                   f"{rec.straggler_efficiency:.3f}); {helps}")
     if c.pool_size > 1:
         why.append(f"placement={c.placement()!r}" +
-                   ": no placement without pooling meets the targets here; the price: each rank preprocesses its "
-                   "pool's samples" + (f", and {rec.moved_share:.0%} of the batches move between ranks" if c.exchange
-                                       else ""))
+                   (": no placement without pooling meets the targets here" if meets else
+                    ": the best predicted throughput of the placements") +
+                   "; the price: each rank preprocesses its pool's samples" +
+                   (f", and {rec.moved_share:.0%} of the batches move between ranks" if c.exchange else ""))
     elif c.exchange:
         why.append(f"placement={c.placement()!r} (the default on 2 ranks or more): the window alone does not meet "
                    f"the targets here; the price: {rec.moved_share:.0%} of the batches move between ranks, one "

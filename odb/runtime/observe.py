@@ -94,8 +94,13 @@ def plan_hint(loader, lengths: list[int], balance: float) -> str:
     if cost not in ("padded", "packed") or not isinstance(s.token_budget, (int, float)) or len(lengths) < 2:
         return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}); `odb plan` on your data's lengths "
                 "predicts what another buffer_size or placement would give (docs/guide/planning.md)")
-    windows = [w, 2 * w, 4 * w]
-    if n * 2 * windows[-1] > HINT_SAMPLES:
+    # larger windows, never past this rank's epoch (the planner cuts a window there: it would hold nothing more)
+    windows = sorted({min(v, len(lengths)) for v in (w, 2 * w, 4 * w)})
+    if len(windows) == 1:
+        return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}) at buffer_size={w}, which already holds "
+                f"this rank's whole epoch ({len(lengths)} samples): a larger window cannot help; `odb plan` on your "
+                "data's lengths predicts what pooling or another budget would give (docs/guide/planning.md)")
+    if n * len(lengths) > HINT_SAMPLES:
         return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}) at buffer_size={w}; run `odb plan` on "
                 f"your data's lengths with --world-size {n} to see what buffer_size={2 * w} or pooling would give "
                 "(docs/guide/planning.md)")
@@ -107,14 +112,18 @@ def plan_hint(loader, lengths: list[int], balance: float) -> str:
     except Exception as e:  # noqa: BLE001 - a hint: never the training's failure
         return f"odb: token balance {balance:.3f}; the planner's hint failed ({type(e).__name__}: {e})"
     by = {p.candidate.buffer_size: p for p in report.predictions if p.candidate.placement() == s.placement}
-    parts = [f"buffer_size={v}{' (now)' if v == w else ''}: straggler {by[v].straggler_efficiency:.3f}, "
-             f"{by[v].throughput_vs_gmt:.3f}x the offline oracle's throughput, about {3 * v} samples in host memory "
-             "per rank" for v in windows]
+    # token balance: the quantity measured above, predicted on this rank's lengths drawn for every rank (so the
+    # current window's prediction differs from the measurement by the other ranks' data and the draw)
+    parts = [f"buffer_size={v}{' (now)' if v == min(w, len(lengths)) else ''}: token balance "
+             f"{by[v].token_balance:.3f}, {by[v].throughput_vs_gmt:.3f}x the offline oracle's throughput, about "
+             f"{3 * v} samples in host memory per rank" for v in windows]
     ex = [p for p in report.predictions if p.candidate.buffer_size == w and p.candidate.pool_size == 1
           and p.candidate.exchange and s.placement is None]
     if ex:  # the default's exchange, where this loader runs without it
-        parts.append(f"placement='auto' (the default: the round exchange) at buffer_size={w}: straggler "
-                     f"{ex[0].straggler_efficiency:.3f}, {ex[0].throughput_vs_gmt:.3f}x, {ex[0].moved_share:.0%} of "
+        parts.append(f"placement='auto' (the default: the round exchange) at buffer_size={w}: token balance "
+                     f"{ex[0].token_balance:.3f}, {ex[0].throughput_vs_gmt:.3f}x, {ex[0].moved_share:.0%} of "
                      "the batches sent to another rank")
-    return (f"odb: token balance {balance:.3f} (below {HINT_BALANCE}); `odb plan` on this rank's {len(lengths)} "
-            f"lengths at {n} ranks predicts: " + "; ".join(parts) + " (docs/guide/planning.md)")
+    return (f"odb: token balance {balance:.3f} measured (below {HINT_BALANCE}); `odb plan` on this rank's "
+            f"{len(lengths)} lengths, drawn for all {n} ranks, predicts: " + "; ".join(parts) +
+            " (a prediction from one rank's lengths: it differs from the measurement by what the other ranks held; "
+            "docs/guide/planning.md)")

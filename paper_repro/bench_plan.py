@@ -1,0 +1,76 @@
+"""How long ``odb plan`` takes a user, by world size: the planning guide's examples on one core of this machine.
+
+    python -m paper_repro.bench_plan [--points 5000x8 5000x64 ...] [--out DIR]
+
+Each point is a number of post-preprocessing lengths (a long tail: lognormal, CV about 1, 8 to 16,000 tokens,
+seeded) and a world size, planned with the default candidates (`odb.plan.DEFAULT_BUDGETS` x
+`odb.plan.DEFAULT_WINDOWS`, the placements that world size allows, ``--ranks-per-host 8`` where the world holds two
+hosts or more), in this process, with the wall time of `odb.plan.plan` (the code the command runs, its imports
+excluded).  `TARGETS` (data): issue 64's "under about 20 s".  A miss prints the work behind it: the samples simulated
+times the candidates.  Writes ``results/plan_times_<yyyymm>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+__all__ = ["TARGETS", "POINTS", "run", "main"]
+
+TARGETS = {"seconds": 20.0}
+POINTS = ((5_000, 8), (5_000, 64), (5_000, 1024), (100_000, 8), (100_000, 64), (100_000, 1024))
+
+
+def _lengths(n: int):
+    import numpy as np
+
+    return np.clip(np.random.default_rng(64).lognormal(6.0, 0.9, n).astype(int), 8, 16_000)
+
+
+def run(points=POINTS) -> dict:
+    from odb.plan import plan
+
+    rows = []
+    for n, world in points:
+        lens = _lengths(n)
+        rph = 8 if world >= 16 else 1
+        t0 = time.perf_counter()
+        r = plan(lens, world_size=world, ranks_per_host=rph)
+        s = time.perf_counter() - t0
+        rows.append({"lengths": n, "world_size": world, "ranks_per_host": rph, "seconds": round(s, 2),
+                     "candidates": len(r.predictions), "samples_per_rank": r.inputs["samples_per_rank"],
+                     "windows_cut": r.inputs["windows_cut"], "meets": s <= TARGETS["seconds"]})
+    return {"date": time.strftime("%Y-%m-%d"), "targets": TARGETS, "rows": rows}
+
+
+def lines(res: dict) -> list[str]:
+    out = ["| lengths | ranks | candidates | a rank's epoch | seconds | target |", "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        miss = "" if r["meets"] else f" miss: {r['lengths']} samples x {r['candidates']} candidates simulated"
+        out.append(f"| {r['lengths']:,} | {r['world_size']} | {r['candidates']} | {r['samples_per_rank']} | "
+                   f"{r['seconds']:.1f} | <= {TARGETS['seconds']:.0f} s{miss} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", nargs="+", help="LENGTHSxWORLD, e.g. 5000x64 (default: the guide's examples)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    a = ap.parse_args(argv)
+    points = [tuple(int(v) for v in p.split("x")) for p in a.points] if a.points else POINTS
+    from .provenance import stamp
+
+    res = {**run(points), "provenance": stamp()}
+    print("\n".join(lines(res)))
+    path = os.path.join(a.out, f"plan_times_{time.strftime('%Y%m')}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
