@@ -42,3 +42,18 @@ def tiny_llama(seed: int = 0):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       pad_token_id=0, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False)
     return LlamaForCausalLM(cfg)
+
+
+def init_gloo() -> None:
+    """The process group under torchrun, or a group of one process when run with ``python`` (FSDP2 needs one)."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ:  # one process: a free port on this host
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")

@@ -1,6 +1,7 @@
 """Accelerate loop with ODB: the loader is not prepared (it shards itself) (CPU, gloo).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/accelerate_loop.py
+    python examples/accelerate_loop.py   # one process
 """
 
 import os

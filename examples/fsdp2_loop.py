@@ -1,6 +1,7 @@
 """A plain FSDP2 (``fully_shard``) loop with ODB (CPU, gloo).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/fsdp2_loop.py [--accum 3] [--uneven]
+    python examples/fsdp2_loop.py   # one process
 
 PAD mode (the default) gives every rank the same number of micro-steps, so the accumulation windows and
 FSDP2's reduce-scatters line up with no Join; ``odb.integrations.grad_sync`` defers the gradient sync to
@@ -17,7 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from _tiny import TinyDataset, tiny_llama  # noqa: E402
+from _tiny import TinyDataset, init_gloo, tiny_llama  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--uneven", action="store_true")
     a = ap.parse_args()
-    dist.init_process_group("gloo")  # under torchrun; ODB takes the default group
+    init_gloo()  # under torchrun, or one process; ODB takes the default group
     rank, world = dist.get_rank(), dist.get_world_size()
     net = tiny_llama(0)
     mesh = init_device_mesh("cpu", (world,))

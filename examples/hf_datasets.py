@@ -2,6 +2,7 @@
 without max_steps (CPU, gloo; tiny random Llama, no download).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/hf_datasets.py [--max-samples 100]
+    python examples/hf_datasets.py   # one process
 
 Without ``--max-samples`` the run is ``num_train_epochs`` whole passes over the stream, with a schedule
 that needs no horizon ("constant"); with it, the run stops there and any schedule runs on samples.  The
@@ -31,7 +32,8 @@ def main() -> None:
     args = TrainingArguments(output_dir=os.path.join(tempfile.gettempdir(), "odb_datasets_example"),
                              num_train_epochs=2, learning_rate=3e-3, gradient_accumulation_steps=2,
                              lr_scheduler_type="linear" if a.max_samples else "constant", use_cpu=True,
-                             ddp_backend="gloo", report_to=[], save_strategy="no", logging_steps=5, disable_tqdm=True)
+                             report_to=[], save_strategy="no", logging_steps=5, disable_tqdm=True,
+                             ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None)  # torchrun, or one process
     stream = tiny_hf_dataset(64, labels=True).to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=16)
     stream = split_dataset_by_node(stream, rank=args.process_index, world_size=args.world_size)  # this rank's shards
     trainer = ODBTrainer(model=tiny_llama(0), args=args, train_dataset=stream, data_collator=pad_collate,

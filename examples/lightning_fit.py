@@ -1,6 +1,7 @@
 """Lightning with ODB: ODBDataModule + pop_loss_weight (CPU, DDP over gloo).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/lightning_fit.py
+    python examples/lightning_fit.py   # one process
 """
 
 import os

@@ -2,6 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/plain_ddp.py [--mode join] [--accum 2]
         [--pool-size 2] [--exchange]
+    python examples/plain_ddp.py   # one process
 
 Gradient accumulation needs mode "pad" (the default); mode "join" wraps the loop in DDP Join.
 ``--pool-size G`` pools the windows of G consecutive ranks (a host's, under torchrun: its

@@ -1,6 +1,7 @@
 """The README's quickstart (a test keeps the two identical): a plain DDP loop with ODB.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/quickstart.py
+    python examples/quickstart.py   # one process
 """
 import os
 

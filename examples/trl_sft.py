@@ -1,6 +1,7 @@
 """TRL's SFTTrainer with ODB: ODBSFTTrainer replaces the train loader (CPU, gloo; tiny random Llama, no download).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/trl_sft.py [--lora] [--padding-free]
+    python examples/trl_sft.py   # one process
 
 The dataset is text; SFTTrainer tokenizes it (with a tiny word-level tokenizer) as usual.  ``--padding-free``
 flattens each batch into one row, and the loader's budget then counts tokens (cost "packed", the default here).
@@ -36,7 +37,8 @@ def main() -> None:
     args = SFTConfig(output_dir=os.path.join(tempfile.gettempdir(), "odb_trl_example"), num_train_epochs=2,
                      learning_rate=3e-3, warmup_steps=0.1, gradient_accumulation_steps=2, use_cpu=True, bf16=False,
                      activation_checkpointing=False, max_length=None, padding_free=a.padding_free,
-                     ddp_backend="gloo", report_to=[], save_strategy="no", logging_steps=5, disable_tqdm=True)
+                     report_to=[], save_strategy="no", logging_steps=5, disable_tqdm=True,
+                     ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None)  # torchrun, or one process
     trainer = ODBSFTTrainer(model=tiny_llama(0), args=args, train_dataset=text, processing_class=tiny_tokenizer(),
                             peft_config=peft_config,
                             odb_loader_kwargs={"token_budget": 64, "buffer_size": 8, "timeout_s": 60})

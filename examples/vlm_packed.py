@@ -2,6 +2,7 @@
 random Qwen2-VL, no download).
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/vlm_packed.py [--packed] [--fsdp]
+    python examples/vlm_packed.py   # one process
 
 A batch is bounded in both (``cost={"tokens": ..., "image_patches": ("packed", ...)}``, ``token_budget=None``,
 ``length_fn`` -> (tokens, patches)).  ``pad_collate`` (default) pads the text and joins the images as the
@@ -24,6 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from _tiny import init_gloo  # noqa: E402
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: E402
 
 from odb import ODBDataLoader  # noqa: E402
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--packed", action="store_true", help="mRoPE padding-free packing (mrope_collate)")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard), the vision tower block by block")
     a = ap.parse_args()
-    dist.init_process_group("gloo")  # under torchrun; ODB takes the default group
+    init_gloo()  # under torchrun, or one process; ODB takes the default group
     net = tiny_qwen2_vl()
     if a.packed:  # packing is exact only for a model that restarts every layer at a sample boundary: measure it
         check_packing(net, mrope_collate(net.model.get_rope_index))

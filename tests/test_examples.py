@@ -1,4 +1,4 @@
-"""Every runnable example in examples/, launched as its docstring says: torchrun with 2 gloo ranks.
+"""Every runnable example in examples/, launched as its docstring says: torchrun with 2 gloo ranks, and with python.
 
 The scripts are discovered from the folder (every ``*.py`` not starting with ``_``), so a new example
 is run without being listed here; `FLAGS` adds the runs of the flags that change the code path.
@@ -49,3 +49,20 @@ def test_every_example_runs_on_two_gloo_ranks_and_each_rank_prints_its_summary(s
         assert len(re.findall(r"\d+ samples, \d+ optimizer steps", proc.stdout)) == 1, log
     else:
         assert sorted(SUMMARY.findall(proc.stdout)) == ["0", "1"], log
+
+
+@pytest.mark.slow  # one process each, most of it importing the frameworks (about 4-7 s each on 2 cores)
+@pytest.mark.adapters
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_example_runs_with_python_on_one_process(script):
+    # as the getting-started page presents them: `python examples/x.py` as well as under torchrun
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script)], env=dict(env, OMP_NUM_THREADS="1"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    log = proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, log
+    if script in MAIN_ONLY:
+        assert len(re.findall(r"\d+ samples, \d+ optimizer steps", proc.stdout)) == 1, log
+    else:
+        assert SUMMARY.findall(proc.stdout) == ["0"], log
