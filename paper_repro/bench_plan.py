@@ -7,7 +7,8 @@ seeded) and a world size, planned with the default candidates (`odb.plan.DEFAULT
 `odb.plan.DEFAULT_WINDOWS`, the placements that world size allows, ``--ranks-per-host 8`` where the world holds two
 hosts or more), in this process, with the wall time of `odb.plan.plan` (the code the command runs, its imports
 excluded).  `TARGETS` (data): issue 64's "under about 20 s".  A miss prints the work behind it: the samples simulated
-times the candidates.  Writes ``results/plan_times_<yyyymm>.json``.
+times the candidates (about 20 us each here), and each round every simulated rank's replicated decision over every
+rank's header (N^2 a round: what dominates at 1,024 ranks).  Writes ``results/plan_times_<yyyymm>.json``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def run(points=POINTS) -> dict:
 def lines(res: dict) -> list[str]:
     out = ["| lengths | ranks | candidates | a rank's epoch | seconds | target |", "|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        miss = "" if r["meets"] else f" miss: {r['lengths']} samples x {r['candidates']} candidates simulated"
+        miss = "" if r["meets"] else (f" miss: {r['lengths']} samples x {r['candidates']} candidates simulated, each "
+                                       f"round {r['world_size']} cores deciding on {r['world_size']} headers")
         out.append(f"| {r['lengths']:,} | {r['world_size']} | {r['candidates']} | {r['samples_per_rank']} | "
                    f"{r['seconds']:.1f} | <= {TARGETS['seconds']:.0f} s{miss} |")
     return out
