@@ -448,3 +448,24 @@ def test_odb_help_lists_the_commands_and_version_prints_it():
     assert v.returncode == 0 and v.stdout.strip() == f"odb {odb.__version__}"
     bad = subprocess.run([sys.executable, "-m", "odb", "plna"], capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "unknown command 'plna'" in bad.stderr
+
+
+def test_the_planning_guides_commands_run_as_written_in_seconds(tmp_path):
+    # every `odb plan` line of the guide's first block, on 5,000 lengths (a long tail) and a .jsonl of token lists
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "planning.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    cmds = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("odb plan ")]
+    assert len(cmds) == 3
+    lens = np.clip(np.random.default_rng(64).lognormal(6.0, 0.9, 5000).astype(int), 8, 16_000)
+    np.save(tmp_path / "lengths.npy", lens)
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"input_ids": [1] * int(n)}) + "\n" for n in lens[:2000]))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for cmd in cmds:
+        out = subprocess.run([sys.executable, "-m", "odb", *cmd[1:]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, (cmd, out.stderr[-2000:])
+        assert ("--json" in cmd) == out.stdout.startswith("{"), out.stdout[:200]
+    assert (tmp_path / "plan.png").stat().st_size > 0
