@@ -469,3 +469,20 @@ def test_the_planning_guides_commands_run_as_written_in_seconds(tmp_path):
         assert out.returncode == 0, (cmd, out.stderr[-2000:])
         assert ("--json" in cmd) == out.stdout.startswith("{"), out.stdout[:200]
     assert (tmp_path / "plan.png").stat().st_size > 0
+
+
+def test_the_predicted_token_balance_is_the_quantity_the_loader_measures():
+    from odb import LoaderSettings
+    from odb.batching import make_cost_model
+    from odb.core.sim import simulate
+    from odb.plan.metrics import token_balance
+
+    assert token_balance([[[0], [1]], [[2], None]], [(10,), (4,), (6,)]) == pytest.approx((8 + 2) / (10 + 4))
+    sizes = [(n,) for n in LENGTHS]
+    for placement in (None, DEFAULT_EXCHANGE):
+        sim = simulate([[] for _ in range(3)], LoaderSettings(token_budget=None, cost=make_cost_model("padded", 256),
+                                                              buffer_size=32, placement=placement),
+                       deal=[((n,), n - 1) for n in LENGTHS])
+        # every simulated rank's own stats, from the gathered counts, as the loader's epoch summary reads them
+        want = token_balance(sim.batches, sizes)
+        assert [s.token_balance() for s in sim.stats] == [pytest.approx(want)] * 3 and want < 1

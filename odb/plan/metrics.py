@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["schedule_metrics"]
+__all__ = ["schedule_metrics", "token_balance"]
 
 
 def schedule_metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequence[tuple[int, ...]], cost) -> dict:
@@ -21,17 +21,15 @@ def schedule_metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequ
     n = len(rows)
     steps = max((len(r) for r in rows), default=0)
     shortest = min(sizes, key=lambda s: s[0]) if sizes else (0,)
-    use = mean_sum = max_sum = tok_mean = 0.0
-    tok_max = 0
+    use = mean_sum = max_sum = 0.0
     real = padded = batches = single = single_avoid = batches_avoid = 0
     per_rank = [0.0] * n
     for s in range(steps):
-        costs, tokens = [], []
+        costs = []
         for r in range(n):
             b = rows[r][s] if s < len(rows[r]) else None
             if not b:
                 costs.append(0.0)
-                tokens.append(0)
                 continue
             ss = [sizes[i] for i in b]
             u = cost.utilisation(ss)
@@ -39,7 +37,6 @@ def schedule_metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequ
             per_rank[r] += u
             toks = [x[0] for x in ss]
             real += sum(toks)
-            tokens.append(sum(toks))
             padded += len(toks) * max(toks)
             batches += 1
             forced = len(ss) == 1 and not cost.fits([ss[0], shortest])
@@ -47,9 +44,6 @@ def schedule_metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequ
             if not forced:
                 batches_avoid += 1
                 single_avoid += len(ss) == 1
-        if max(tokens):  # as the loader's `LoaderStats.token_balance`: over steps with tokens
-            tok_mean += sum(tokens) / n
-            tok_max += max(tokens)
         use += sum(costs)
         mean_sum += sum(costs) / n
         max_sum += max(costs)
@@ -58,11 +52,24 @@ def schedule_metrics(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequ
         "budget_use": use / (steps * n) if steps else 0.0,
         "padding": 1 - real / padded if padded else 0.0,
         "straggler_eff": mean_sum / max_sum if max_sum else 1.0,
-        # the loader's own straggler estimate (its epoch summary's "token balance"): rank tokens, not budget cost
-        "token_balance": tok_mean / tok_max if tok_max else 1.0,
         "step_time": max_sum,
         # no reordering of this schedule's batches beats mean/max of the ranks' total cost
         "straggler_ceiling": (sum(per_rank) / n) / max(per_rank) if per_rank and max(per_rank) else 1.0,
         "singletons": single / batches if batches else 0.0,
         "singletons_avoid": single_avoid / batches_avoid if batches_avoid else 0.0,
     }
+
+
+def token_balance(rows: Sequence[Sequence[Sequence[int] | None]], sizes: Sequence[tuple[int, ...]]) -> float:
+    """The loader's own straggler estimate on a schedule (its epoch summary's "token balance",
+    `odb.core.info.LoaderStats.token_balance`): over the steps with tokens, the sum of the mean rank's tokens
+    over the sum of the largest rank's (rank tokens, not budget cost); 1.0 without tokens."""
+    n = len(rows)
+    mean = big = 0.0
+    for s in range(max((len(r) for r in rows), default=0)):
+        tokens = [sum(sizes[i][0] for i in b) if (b := rows[r][s] if s < len(rows[r]) else None) else 0
+                  for r in range(n)]
+        if max(tokens):
+            mean += sum(tokens) / n
+            big += max(tokens)
+    return mean / big if big else 1.0

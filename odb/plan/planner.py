@@ -39,7 +39,7 @@ import numpy as np
 from ..core.placement import DEFAULT_EXCHANGE, Exchanged, Pooled
 from ..errors import ConfigError
 from ..settings import LoaderSettings
-from .metrics import schedule_metrics
+from .metrics import schedule_metrics, token_balance
 from .stepmodel import H20_2B, StepModel, odb_round_latency, predict
 
 __all__ = ["Candidate", "Prediction", "PlanReport", "plan", "TARGETS", "DEFAULT_WINDOWS", "DEFAULT_BUDGETS",
@@ -279,7 +279,7 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
             w_samples = c.buffer_size * c.pool_size
             p = Prediction(
                 candidate=c, steps=m["steps"] * scale, padding=m["padding"], straggler_efficiency=m["straggler_eff"],
-                token_balance=m["token_balance"], budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
+                token_balance=token_balance(sim.batches, sizes), budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
                 throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
                 throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
                 first_batch_s=None if preprocess_s is None else
