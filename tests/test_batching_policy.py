@@ -705,3 +705,34 @@ def test_the_array_packing_checks_the_budgets_resource_itself_when_it_is_not_the
     window = [(100, 2 ** 46)] * 200
     assert policy_module._padded_window(window, cost, 1 / 24576) is None
     assert _window_orders(window, cost, 1 / 24576, True) == _window_orders(window, cost, 1 / 24576, False)
+
+
+def test_policies_share_one_rounds_slots_for_the_same_gathered_array_and_compute_their_own_otherwise():
+    # the simulation's N policy copies read one read-only array a round: over_slots is computed once for all
+    from odb.batching.policy import default_policy
+
+    lengths = [5, 40, 300, 7, 9, 120, 64, 33]
+    rows = []
+    for r in range(4):
+        p = default_policy()
+        rows.append(p.summarize([(n + r,) for n in lengths], make_cost_model("padded", 256), False))
+    arr = np.array(rows, np.int64)  # one read-only array, as a round's gathered headers are
+    arr.flags.writeable = False
+    calls = []
+    real = policy_module.over_slots
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    with mock.patch.object(policy_module, "over_slots", counted):
+        pols = [default_policy() for _ in range(4)]
+        props = [p.propose(arr, 8) for p in pols]
+        assert len(set(props)) == 1
+        n_shared = len(calls)
+        copy = arr.copy()  # equal content, another object: computed again, the same answer
+        copy.flags.writeable = False
+        assert default_policy().propose(copy, 8) == props[0] and len(calls) == n_shared + 1
+        pooled = default_policy(2)  # other lanes: never another setting's memo
+        pooled.propose(arr, 8)
+        assert len(calls) == n_shared + 2
+    assert n_shared == 1  # an over-budget sample (300 > 256) makes the slots worth computing, once

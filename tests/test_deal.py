@@ -550,3 +550,23 @@ def test_a_samples_header_cost_is_its_resources_share_of_the_budget():
     assert sample_cost(make_cost_model("padded", 4000))((1000,)) == COST_SCALE // 4
     pixels = BudgetCost(name="padded", resources=(Resource(name="pixels", index=1, kind="padded", budget=100),))
     assert sample_cost(pixels)((7, 30)) == round(0.3 * COST_SCALE) and sample_cost(pixels)((7,)) == 0
+
+
+def test_the_dealers_digest_is_equal_exactly_when_its_whole_state_is():
+    a, b = Dealer(40, 4, 2), Dealer(40, 4, 2)
+    assert a.digest() == b.digest()
+    b.load_state_dict(a.state_dict())
+    assert a.digest() == b.digest()
+    for field, change in (("cursor", 1), ("lead", 1), ("rounds", 1)):  # every scalar of the state
+        c = Dealer(40, 4, 2)
+        setattr(c, field, getattr(c, field) + change)
+        assert c.digest() != a.digest(), field
+    for field in ("dealt", "reserve"):  # and every rank's entry of every array
+        for r in range(4):
+            c = Dealer(40, 4, 2)
+            getattr(c, field)[r] += 1
+            assert c.digest() != a.digest(), (field, r)
+    c = Dealer(40, 4, 2)
+    c.closed[3] = True
+    assert c.digest() != a.digest()
+    assert Dealer(41, 4, 2).digest() != a.digest() != Dealer(40, 5, 2).digest()

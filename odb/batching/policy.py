@@ -366,6 +366,13 @@ def _as_array(summaries: Sequence[Sequence[int]], length: int) -> "np.ndarray":
     raise AssertionError("unreachable: _check raises on the row at fault")
 
 
+# The last round memo any instance computed from a summaries array, keyed by that array's identity (the memo holds
+# it, so the identity cannot be reused) and the settings it reads: a round's gathered headers are one read-only array,
+# so the simulation's N policy copies (`odb.core.sim`, one a simulated rank) compute the round's `over_slots` (O(N)
+# each) once, not N times.  In a training process, one loader's policy: the instance memo already hits.
+_LAST_ROUND: list = [None]
+
+
 def _same(key: object, summaries: object) -> bool:
     """The memo's key holds these summaries: the same array object (a round's gathered headers are read-only
     and hand both calls of the round one array; an equal array elsewhere is merely computed again), or rows
@@ -464,6 +471,10 @@ class BalancedPolicy(AlignmentPolicy):
         m = self._round
         if m is not None and _same(m.key, summaries):
             return m.live, m.slots
+        shared = _LAST_ROUND[0]  # another instance's memo of this very array (`_LAST_ROUND`)
+        if shared is not None and shared[0] == (self.lanes, self.summary_len) and shared[1].key is summaries:
+            self._round = shared[1]
+            return self._round.live, self._round.slots
         a = _as_array(summaries, self.summary_len)
         has = a[:, 1] > 0
         live = a if has.all() else a[has]  # every rank has data but at the epoch's end: no copy
@@ -475,6 +486,8 @@ class BalancedPolicy(AlignmentPolicy):
             slots, within = ([], [[]] * len(live)), None
         key = summaries if isinstance(summaries, np.ndarray) else tuple(map(tuple, summaries))
         self._round = _Round(key, live, slots, [0, []], within)
+        if isinstance(summaries, np.ndarray):
+            _LAST_ROUND[0] = ((self.lanes, self.summary_len), self._round)
         return live, slots
 
     def _profile_of(self, live: list, slots: tuple, target: int) -> list[int]:

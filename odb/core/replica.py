@@ -34,7 +34,6 @@ batches of round r are released after round r + 1's collective).  Pure: no torch
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -107,7 +106,7 @@ def _decide(table: Table, cfg: Mapping[str, int], headers: list[dict], summaries
 def _dealer_crc(order: DealtOrder | None) -> int:
     if order is None:
         return 0
-    return zlib.crc32(repr(sorted(order.dealer.state_dict().items())).encode())
+    return order.dealer.digest()
 
 
 class Replicated:
