@@ -43,7 +43,7 @@ $(DOCSVENV)/.stamp: pyproject.toml constraints.txt
 docs: $(DOCSVENV)/.stamp  ## the documentation site into site/ (MkDocs, --strict: a broken link or reference fails)
 	NO_MKDOCS_2_WARNING=1 $(DOCSVENV)/bin/python -m mkdocs build --strict --site-dir site
 
-examples: $(VENV)/.stamp-all  ## every example, 2 gloo ranks
+examples: $(VENV)/.stamp-all  ## every example, on 2 gloo ranks and on one process
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_examples.py
 
 verify: $(VENV)/.stamp-test  ## all-N z3 proofs + exhaustive N<=6; writes proofs/REPORT.md
