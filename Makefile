@@ -90,10 +90,10 @@ bench: $(VENV)/.stamp-all $(REL)/.stamp  ## batching quality (ours, the baseline
 bench-full: $(VENV)/.stamp-all  ## the quality grid with 8x longer epochs (max(8W, 4096) samples per rank), N = 2/8/64; about 16 min
 	$(BIN)/python -m paper_repro.bench --full --no-runtime --name full
 
-bench-first-batch: $(VENV)/.stamp-all  ## the first batch's wait and the epoch's time, the default against placement=None, 1 and 2 gloo ranks (about 4 min)
+bench-first-batch: $(VENV)/.stamp-all  ## the first batch's wait and the epoch's time, the default against placement=None, 1 and 2 gloo ranks (about 5 min)
 	$(BIN)/python -m paper_repro.bench_first_batch
 
-bench-plan: $(VENV)/.stamp-all  ## how long `odb plan` takes on the planning guide's examples, by world size (about 4 min)
+bench-plan: $(VENV)/.stamp-all  ## how long `odb plan` takes on the planning guide's examples, by world size (about 5 min)
 	$(BIN)/python -m paper_repro.bench_plan
 
 bench-defaults: $(VENV)/.stamp-all  ## the default configuration at the 80 committed grid points against the targets, beside the opt-ins and peers (from the committed run; --run reruns it, hours)

@@ -178,3 +178,19 @@ def test_ranks_whose_cost_partials_bind_different_arguments_are_refused_and_the_
     else:
         assert all(isinstance(g, str) and "built this ODBDataLoader differently (cost" in g
                    and "'scale': 2.0" in g and "'scale': 3.0" in g for g in got), got
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed", "quadratic"])
+def test_a_sample_fits_alone_exactly_when_the_cost_model_says_a_batch_of_it_fits(kind):
+    """`odb.batching.deal.sample_fits` (the rank core's test of each sample it reads): `cost.fits([sizes])`, at the
+    budget, one over it, and for a sample that lacks the resource."""
+    from odb.batching import make_cost_model
+    from odb.batching.cost import BudgetCost, Resource
+    from odb.batching.deal import sample_fits
+
+    for cost in (make_cost_model(kind, 100),
+                 BudgetCost("two", (Resource(name="tokens", index=0, kind="padded", budget=100),
+                                       Resource(name="pixels", index=1, kind=kind, budget=50)))):
+        fits = sample_fits(cost)
+        for sizes in ((1,), (99,), (100,), (101,), (7, 50), (7, 51), (100, 0), (0,), (101, 1)):
+            assert fits(sizes) == cost.fits([sizes]), (cost.name, sizes)

@@ -271,3 +271,46 @@ def test_every_rank_of_every_pool_has_its_first_batchs_wait():
                    deal=order)
     assert None not in res.first_wait
     assert res.first_wait[0] == res.first_wait[1] and res.first_wait[2] == res.first_wait[3]
+
+
+def _stepwise(self, status):
+    """`RankCore.advance` as a traced driver runs it: `step` after `step`, one row a call, every row's `Step`
+    built, up to the row that posts (or no row fired: a restart); an error a row leaves goes to the driver at
+    once."""
+    while True:
+        o = self.step(status)
+        if o.step is None or o.local_error is not None or o.step.effect == "post":
+            return o
+
+
+@pytest.mark.parametrize("mode,pool,exchange,oversize", [
+    ("pad", 1, False, "alone"), ("join", 1, False, "skip"), ("quota", 1, True, "alone"), ("pad", 2, False, "alone"),
+    ("pad", 2, True, "alone"), ("pad", 1, False, "error")])
+@settings(max_examples=15, deadline=None)
+@given(lens=st.lists(st.one_of(st.none(), st.integers(0, 600)), min_size=0, max_size=120),
+       window=st.integers(1, 9), dealt=st.booleans())
+def test_advance_fires_the_rows_that_step_after_step_fires(mode, pool, exchange, oversize, lens, window, dealt):
+    """`RankCore.advance` (what the simulation and an untraced loader run) gives every batch, round, count and
+    error that one `step` a row gives, drops (None), empty and over-budget samples included."""
+    from odb.core.rank import RankCore
+
+    cost = make_cost_model("padded", 512)
+    n = 4
+    measures = [None if x is None else ((x,), x) for x in lens]
+    shards = [[] for _ in range(n)] if dealt or exchange or pool > 1 else [measures[r::n] for r in range(n)]
+    deal = measures if dealt or exchange or pool > 1 else None
+    settings_ = sim_settings(cost, window, mode=mode, pool=pool, exchange=exchange, oversize=oversize)
+
+    def outcome():
+        try:
+            sim = simulate(shards, settings_, deal=deal)
+        except Exception as e:  # noqa: BLE001 - the error itself is compared
+            return type(e).__name__, str(e)
+        return (sim.batches, sim.rounds, sim.targets, sim.moved, sim.unemitted,
+                [(s.dropped, s.empty, s.oversize, s.oversize_skipped, s.rounds, s.budget_batches) for s in sim.stats])
+
+    fast = outcome()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RankCore, "advance", _stepwise)
+        slow = outcome()
+    assert slow == fast

@@ -287,6 +287,56 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
     assert any(t and "collective" in t for t in ta) and all(t is None for t in tb)
 
 
+def test_advance_returns_the_post_that_step_after_step_returns_with_its_rows_record():
+    """`RankCore.advance`: the post row's `Step` (state before and after, params, inputs read, payload) and every
+    release are those of `step` called row by row to the post; the rows before leave the same window."""
+    from odb.batching import make_cost_model
+    from odb.core.info import LoaderStats
+    from odb.core.rank import RankCore
+
+    def core():
+        class Listed:  # 23 samples of 3 to 69 tokens, one over the budget
+            def __init__(self):
+                self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(23)]
+                self.pulled, self.dry, self.reserve_taken = 0, False, 0
+
+            def next(self):
+                if self.pulled == len(self.items):
+                    return None
+                self.pulled += 1
+                return self.items[self.pulled - 1]
+
+        lay = _layout(4)
+        shared = Shared(protocol="p", window=4, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
+                        cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
+        return RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
+                        replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
+                                           epoch=0),
+                        layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
+                        template=lambda _fallback: None, traced=False)
+
+    def run(c, fast):
+        seen = []
+        while not c.done:
+            if c.waiting:
+                o = c.collect(reduce_posts([post]))
+            elif fast:
+                o = c.advance(lambda: 0)
+            else:
+                while (o := c.step(lambda: 0)).step.effect != "post":
+                    pass
+            if o.post is not None:
+                post = o.post
+            st = o.step
+            seen.append((st.row, st.before, st.after, st.params, st.inputs, st.payload, st.count, o.post,
+                         [(b.positions, b.info) for b in o.release], len(c._window)))
+        return seen
+
+    fast, slow = run(core(), True), run(core(), False)
+    assert fast == slow and sum(row[0] == "post_header" for row in fast) >= 5
+    assert any(row[3] for row in fast)  # the collects' choices are in their rows' records
+
+
 def test_a_released_batchs_step_info_is_the_dataclass_built_as_usual():
     """`step_info` (the release's fast build) gives what ``StepInfo(...)`` gives from the same fields in the
     dataclass's order: equal, the same repr, frozen; its parameters are the dataclass's fields in that order, so a

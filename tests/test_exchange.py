@@ -506,3 +506,35 @@ def test_a_pooled_exchange_with_one_core_per_pool_gives_every_step_the_counts_an
     def fields(infos):
         return [[{**vars(i), "step": None} for i in row] for row in infos]
     assert each.batches == one.batches and fields(each.infos) == fields(one.infos)
+
+
+def test_a_rounds_plan_is_shared_only_by_cores_reading_the_same_headers_with_the_same_settings():
+    """The exchange plan's memo (`odb.core.placement._round_plan`): the same gathered headers planned again for
+    another target, slack or lane count are planned anew; other headers holding equal fills are planned alike."""
+    import numpy as np
+
+    from odb.batching.exchange import pack_key, plan_origins, rank_fill_array
+    from odb.core.header import HeaderLayout
+    from odb.core.placement import _round_plan
+
+    layout = HeaderLayout(1, 4, 1, lanes=1, exchange=True)
+    fills = [[pack_key(f, f) for f in row] for row in ([9, 8, 1, 0], [1, 1, 1, 1], [5, 4, 3, 2])]
+    a = np.zeros((3, layout.length), np.int64)
+    a[:, -4:] = fills
+    rows = layout.decode_all(a)
+    for lanes, target, slack in ((1, 4, 0), (1, 2, 0), (1, 4, 125), (1, 3, 125), (1, 4, 0)):
+        plan, dest = _round_plan(rows, lanes, target, slack)
+        want = plan_origins(rank_fill_array(rows.fills, lanes, target), slack)
+        assert plan.tolist() == want.tolist(), (lanes, target, slack)
+    again = layout.decode_all(a.copy())
+    assert _round_plan(again, 1, 4, 0)[0].tolist() == _round_plan(rows, 1, 4, 0)[0].tolist()
+    del again, rows
+    # headers freed and new ones made, round after round (a later round's may sit where a freed one sat): each is
+    # planned from its own fills
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        b = a.copy()
+        b[:, -4:] = [[pack_key(int(f), int(f)) for f in row] for row in rng.integers(0, 9, (3, 4))]
+        rows = layout.decode_all(b)
+        assert _round_plan(rows, 1, 4, 0)[0].tolist() == plan_origins(rank_fill_array(rows.fills, 1, 4), 0).tolist()
+        del rows  # the next round's headers are made once these are gone, as in a simulation

@@ -486,3 +486,30 @@ def test_the_predicted_token_balance_is_the_quantity_the_loader_measures():
         # every simulated rank's own stats, from the gathered counts, as the loader's epoch summary reads them
         want = token_balance(sim.batches, sizes)
         assert [s.token_balance() for s in sim.stats] == [pytest.approx(want)] * 3 and want < 1
+
+
+def test_candidates_simulated_in_worker_processes_give_the_report_of_one_process(tmp_path):
+    """``jobs``: the candidates' runs spread over processes give every prediction, line for line, and the
+    recommendation of one process; a bad count is refused before any work; the collector is left as it was."""
+    import gc
+
+    kw = dict(world_size=8, ranks_per_host=4, budgets=[256, 512], windows=[32, 64])
+    one, lines = plan(LENGTHS, **kw), []
+    two = plan(LENGTHS, **kw, jobs=2, progress=lines.append)
+    assert [p.as_dict() for p in two.predictions] == [p.as_dict() for p in one.predictions]
+    assert two.why == one.why and two.recommended.candidate == one.recommended.candidate
+    assert len(lines) == len(one.predictions) == 2 * 2 * 4 and lines[-1].startswith(f"odb plan: {len(lines)}/")
+    with pytest.raises(odb.ConfigError, match="jobs must be >= 1"):
+        plan(LENGTHS, **kw, jobs=0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        plan(LENGTHS, world_size=2, budgets=[256], windows=[32])
+        assert not gc.isenabled()  # the planner turns the collector on only where it found it on
+    finally:
+        gc.enable()
+    from odb.plan.planner import POOL_FROM_SAMPLES, _jobs
+
+    assert _jobs(None, 12, POOL_FROM_SAMPLES // 12 - 1) == 1  # a small plan stays in this process
+    assert _jobs(None, 12, POOL_FROM_SAMPLES) == min(12, len(os.sched_getaffinity(0)))
+    assert _jobs(64, 3, 10) == 3

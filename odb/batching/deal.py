@@ -48,7 +48,7 @@ from .base import CostModel, Sizes
 from .cost import BudgetCost
 from .grouping import Group
 
-__all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "intake_ladder", "intake_sizes", "intake_bound",
+__all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "sample_fits", "intake_ladder", "intake_sizes", "intake_bound",
            "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order", "level_order",
            "Levels"]
 
@@ -63,6 +63,16 @@ def sample_cost(cost: CostModel) -> Callable[[Sizes], int]:
         i, k = r.index, COST_SCALE / r.budget
         return lambda s: round((s[i] if i < len(s) else 0) * k)
     return lambda s: round(cost.utilisation([s]) * COST_SCALE)
+
+
+def sample_fits(cost: CostModel) -> Callable[[Sizes], bool]:
+    """``sizes -> cost.fits([sizes])``: one sample within the budget; for a one-resource padded or packed cost, the
+    same without the generic call (a sample alone costs its own size of the resource)."""
+    if isinstance(cost, BudgetCost) and len(cost.resources) == 1 and cost.resources[0].kind != "quadratic":
+        r = cost.resources[0]
+        i, budget = r.index, r.budget
+        return lambda s: (s[i] if i < len(s) else 0) <= budget
+    return lambda s: cost.fits([s])
 
 
 @lru_cache(maxsize=64)
@@ -118,7 +128,7 @@ def first_lead(window: int, aheads: Sequence[int]) -> int:
     posted (``aheads``: each rank's inner-DataLoader prefetch, gathered), and one (a margin: the
     exhaustive dealt model, ``models/dealt.py``, finds no property that needs it; it absorbs a
     policy that emits one sample more than its posted bound)."""
-    return int(window) + max((int(a) for a in aheads), default=0) + 1
+    return int(window) + max(map(int, aheads), default=0) + 1
 
 
 class Posted(NamedTuple):
@@ -672,6 +682,20 @@ class Dealer:
             crc = zlib.crc32(np.ascontiguousarray(a).tobytes(), crc)
         return crc
 
+    def state_key(self) -> bytes:
+        """The whole state as bytes: equal for two dealers exactly when their states are (a memo's key, O(N) in C)."""
+        head = np.array([self.total, self.world, self.lead, self.cursor, self.rounds], np.int64).tobytes()
+        return b"".join((head, *(np.ascontiguousarray(a).tobytes() for a in (self.dealt, self.reserve, self.closed))))
+
+    def snapshot(self) -> tuple:
+        """The state `restore` sets again (its own copies of the arrays)."""
+        return self.lead, self.cursor, self.rounds, self.dealt.copy(), self.reserve.copy(), self.closed.copy()
+
+    def restore(self, snap: tuple) -> None:
+        """The state of a `snapshot` of a dealer of the same total and world."""
+        self.lead, self.cursor, self.rounds = snap[:3]
+        self.dealt, self.reserve, self.closed = (a.copy() for a in snap[3:])
+
     def load_state_dict(self, state: dict) -> None:
         if (state["total"], state["world"]) != (self.total, self.world):
             raise ValueError(f"dealer state is for total={state['total']} world={state['world']}, "
@@ -718,10 +742,6 @@ class Keys(abc.Sequence):
         if isinstance(at, range) and at.step == 1 and 0 <= at.start <= at.stop <= len(self):
             return list(zip(self.pos[at.start:at.stop], self.idx[at.start:at.stop]))
         return [self[p] for p in at]
-
-
-def _frozen(state: dict) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(state.items()))
 
 
 class DealtOrder:
@@ -771,14 +791,16 @@ class DealtOrder:
     def _apply(self, fn: Callable, args: tuple) -> list:
         if self._shared is None:
             return fn(*args)
-        key = (fn.__name__, _frozen(self.dealer.state_dict()),
-               tuple(None if a is None else tuple(int(v) for v in a) for a in args))
+        # the key as bytes (the state's, each input's as int64): compared in C, where tuples of ints were N^2 a round
+        key = (fn.__name__, self.dealer.state_key(),
+               tuple(None if a is None else np.asarray([int(v) for v in a] if not isinstance(a, np.ndarray) else a,
+                                                       np.int64).tobytes() for a in args))
         hit = self._shared.get("deal")
         if hit is not None and hit[0] == key:
-            self.dealer.load_state_dict(hit[1])
+            self.dealer.restore(hit[1])
             return hit[2]
         parts = fn(*args)
-        self._shared["deal"] = (key, self.dealer.state_dict(), parts)
+        self._shared["deal"] = (key, self.dealer.snapshot(), parts)
         return parts
 
     def _mine(self, parts: Sequence[Sequence[int]]) -> list[tuple[int, Any]]:

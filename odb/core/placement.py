@@ -328,8 +328,8 @@ class ExchangeStage(PoolStage):
         if len(held) != T:
             raise ProtocolError(f"rank {self.rank}: {len(held)} batches held for a round of target {T}")
         self._held = []
-        plan = plan_origins(rank_fill_array(rows.fills, G, T), self.slack)  # origin r * S + k, -1: filler
-        S, dest = plan.shape[1], runs_on(plan)
+        plan, dest = _round_plan(rows, G, T, self.slack)  # origin r * S + k, -1: filler
+        S = plan.shape[1]
         pool = self.rank if self.lane is None else self.rank // G
         home = range(pool * G, pool * G + G)  # the pool's ranks
         own = list(home) if self.lane is None else [self.rank]  # the ranks whose batches this core releases
@@ -421,6 +421,24 @@ def check_pool(world_size: int, lanes: int, mode: str, sharding: str, aheads: Se
 def pool_aheads(aheads: Sequence[int], lanes: int) -> tuple[int, ...]:
     """Each pool's prefetch for the dealer: the largest of its lanes' (gathered at construction)."""
     return tuple(max(aheads[p * lanes:(p + 1) * lanes]) for p in range(len(aheads) // lanes))
+
+
+# The last round's exchange plan, a pure function of the gathered fills, the lanes, the round's target and the
+# slack: keyed by the gathered `Headers`' identity (held here, so it cannot be reused; a round's gathered headers are
+# immutable) and those settings.  The simulation's N cores read one `Headers` a round and plan it once, not N times
+# (the plan is O(N) a core); in a training process the next round's headers miss.
+_LAST_PLAN: list = [None]
+
+
+def _round_plan(rows: Headers, lanes: int, target: int, slack: int) -> tuple[np.ndarray, np.ndarray]:
+    """(`plan_origins` of the round's fills, `runs_on` of it), shared with every core that reads these rows."""
+    hit, key = _LAST_PLAN[0], (lanes, target, slack)
+    if hit is not None and hit[0] is rows and hit[1] == key:
+        return hit[2]
+    plan = plan_origins(rank_fill_array(rows.fills, lanes, target), slack)
+    out = (plan, runs_on(plan))
+    _LAST_PLAN[0] = (rows, key, out)
+    return out
 
 
 def pool_rows(rows: Headers, lanes: int, round_index: int, fills_read: int | None = None) -> Headers:

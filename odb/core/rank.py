@@ -13,8 +13,9 @@ Legend
 
 A driver (the runtime's engine thread, `odb.core.sim`) repeats: in WAIT, run the round's collective
 on every rank's `odb.core.header.Post` and call `collect(gathered)`; otherwise call `step(status)`.
-The core fires exactly one table row per call (`odb.protocol.machine.step`) and never calls back
-into its driver: the data source is an object it reads (``next``, ``pulled``, ``dry``,
+The core fires exactly one table row per `step` call (`odb.protocol.machine.step`; `advance`, for an untraced
+driver, the rows up to the next post in one call, `odb.protocol.machine.run`) and never calls back into its
+driver: the data source is an object it reads (``next``, ``pulled``, ``dry``,
 ``remaining``), the status a function it reads, and every effect is in the returned `Out`.  The
 round's replicated decision is `odb.core.replica.Replicated.decide`; the header layout
 `odb.core.header`.
@@ -36,7 +37,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import check_partition, summaries_for
-from ..batching.deal import policy_intake, sample_cost
+from ..batching.deal import policy_intake, sample_cost, sample_fits
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
@@ -62,6 +63,7 @@ START_SAMPLES = 4
 
 
 _SIZES = attrgetter("sizes")
+_UNTIL = frozenset({"post"})  # `advance` ends at the row that posts
 _SECOND = itemgetter(1)
 
 
@@ -120,7 +122,7 @@ class RankCore:
         self.status = OK
         self._status_fn: Callable[[], int] = lambda: OK
         self.fillers = FillerContent(template)  # what zero-weight fillers replay
-        self._sample_cost = sample_cost(cost)
+        self._sample_cost, self._fits = sample_cost(cost), sample_fits(cost)
         self._cost_taken = 0             # summed cost (x COST_SCALE) of the usable items taken
         self._window: list[Item] = []
         self._groups: list[int] = []
@@ -186,6 +188,39 @@ class RankCore:
         except _Restart:  # no row fired (a fetch was interrupted or failed); take the step again
             return Out(local_error=self._take_error())
         return self._effects(s)
+
+    def advance(self, status: Callable[[], int]) -> Out:
+        """`step` repeated up to and including the next row that posts: the same rows, in the same order, on the
+        same inputs, and one `Out`, the post's (an untraced driver's call: the FILL and EMIT rows before it build
+        no `Step` and leave the driver nothing, a local error they raise included: status FAILED, the table
+        goes straight to that post, whose `Out` hands the error over)."""
+        if self.waiting or self.done:
+            raise ProtocolError(f"RankCore.advance in phase {self.local['ph']}; use collect() in WAIT")
+        if self.placement.pending is not None:
+            raise ProtocolError(f"rank {self.rank}: RankCore.advance before the exchange's batches were received")
+        self._status_fn = status
+        self._fetched = None
+        self.local = local = dict(self.local)  # this run's own copy, updated row by row
+        try:
+            s = machine.run(DGAP, local, self._input, self.cfg, self._choose, self._selected, self._fired, _UNTIL)
+        except _Restart:  # no row fired (a fetch was interrupted or failed); take the step again
+            return Out(local_error=self._take_error())
+        return self._effects(s)
+
+    def _fired(self, row, inputs, count) -> None:
+        """`advance`'s FILL or EMIT row, its updates applied to ``self.local``: `_effects` for it."""
+        kind = row.effect.kind
+        if kind == "fetch":
+            if inputs.get("src_has"):
+                self._window.append(self._fetched)
+        elif kind == "emit":
+            taken, self._window = self._window[:count], self._window[count:]
+            self._hold(taken)
+        elif kind == "filler":
+            self._hold(None)
+        if len(self._window) != self.local["buf"]:
+            raise ProtocolError(f"rank core window holds {len(self._window)} samples, the table says "
+                                f"buf={self.local['buf']} after {row.name}")
 
     def collect(self, gathered: Gathered) -> Out:
         """Fire the WAIT row on what the round's collective returned: every rank's header in rank order
@@ -301,7 +336,7 @@ class RankCore:
             if sizes[0] == 0:
                 self.stats.empty += 1
                 continue
-            fits = self.cost.fits([sizes])
+            fits = self._fits(sizes)
             if not fits:
                 self.stats.oversize += 1
                 use = self.cost.utilisation([sizes])

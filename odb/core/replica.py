@@ -125,7 +125,7 @@ class Replicated:
                  order: DealtOrder | None, epoch: int, table: Table = DGAP):
         if len(aheads) != world_size:
             raise ValueError(f"{len(aheads)} prefetch values for {world_size} ranks")
-        self.shared, self.world_size, self.aheads = shared, int(world_size), tuple(int(a) for a in aheads)
+        self.shared, self.world_size, self.aheads = shared, int(world_size), tuple(map(int, aheads))
         self._aheads = np.array(self.aheads, dtype=np.int64)  # what `round_needs` reads every round
         self.policy, self.order, self.epoch, self.table = policy, order, int(epoch), table
         self.cfg = shared.table_cfg()

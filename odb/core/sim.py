@@ -272,7 +272,7 @@ def simulate(shards: Sequence[Sequence], settings: LoaderSettings, *, deal: Sequ
         posts: list = [None] * len(cores)
         for r, c in enumerate(cores):  # the last round's EMIT rows, then this round's FILL rows, to the post
             while not c.waiting and not c.done:
-                o = c.step(ok)
+                o = c.advance(ok)
                 _take(o, r, out, res, pool_size if one else 0)
                 if o.release:
                     waited(r)
@@ -342,7 +342,7 @@ def replay_rank(rank: int, rounds: Sequence[tuple[Post, Gathered]], shards: Sequ
         before, before_rep, before_plan, t0 = pol.seconds, rep.seconds, core.stats.exchange_plan_s, time.perf_counter()
         post = None
         while not core.waiting and not core.done:
-            o = core.step(ok)
+            o = core.advance(ok)
             post = o.post if o.post is not None else post
         t1 = time.perf_counter()
         if post is None or list(post.header) != list(mine.header) or \

@@ -162,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the loader's seed (its shuffled order)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--jobs", type=int, help="processes simulating the candidates (default: one a CPU; 1: this "
+                    "process alone); the report is the same with any number")
     ap.add_argument("--plot", help="write a PNG of the candidates (needs matplotlib)")
     ap.add_argument("--probe", metavar="MODEL", help="fit the step-time model to MODEL on this machine's device: a "
                     "saved transformers model's folder, or module:callable returning a torch module (odb.plan.probe)")
@@ -185,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = plan(lengths, world_size=a.world_size, ranks_per_host=a.ranks_per_host, budgets=budgets,
                       windows=a.window, cost=a.cost, samples_per_rank=a.samples_per_rank, num_samples=a.num_samples,
                       seed=a.seed, progress=None if a.quiet else lambda line: print(line, file=sys.stderr, flush=True),
-                      **extra)
+                      jobs=a.jobs, **extra)
         if probed is not None:
             report.inputs["step_model"] = f"fitted on {probed.device} (largest error {probed.fit_error:.1%})"
             report.inputs["probe"] = probed.as_dict()

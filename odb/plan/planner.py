@@ -30,7 +30,10 @@ estimates whose error the documentation states.
 
 from __future__ import annotations
 
+import gc
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -208,7 +211,7 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
          windows: Sequence[int] | None = None, cost: str = "padded", samples_per_rank: int | None = None,
          num_samples: int | None = None, seed: int = 0, preprocess_s: float | None = None, num_workers: int = 0,
          sample_bytes: float | None = None, step_model: StepModel = H20_2B,
-         progress: Callable[[str], None] | None = None) -> PlanReport:
+         progress: Callable[[str], None] | None = None, jobs: int | None = 1) -> PlanReport:
     """Predict every candidate configuration on these post-preprocessing `lengths` and recommend one.
 
     :param lengths: tokens per sample after preprocessing (all of the data, or a sample of it with
@@ -223,13 +226,13 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
     :param preprocess_s: seconds to preprocess one sample, for the first batch's wait (with ``num_workers``).
     :param sample_bytes: host bytes of one preprocessed sample, for the window's memory.
     :param progress: called with a line as each candidate is done (the command line prints it on stderr).
-    Raises `ConfigError` for lengths that are empty, not positive, a world size below 1, or an epoch of fewer
-    samples than ranks.
+    :param jobs: processes simulating the candidates (each candidate's run is the same in any of them, so the
+        report is too); None: one a CPU this process may use.  The command line's default is None.
+    Raises `ConfigError` for lengths that are empty, not positive, a world size below 1, an epoch of fewer
+    samples than ranks, or jobs below 1.
     """
     from ..baselines.offline import global_max_tokens, standard
-    from ..batching import default_policy, make_cost_model
-    from ..core.sim import simulate
-    from ..runtime.engine import header_layout
+    from ..batching import make_cost_model
 
     t0 = time.perf_counter()
     measured = _measured(lengths)
@@ -241,6 +244,8 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
         raise ConfigError("odb plan needs at least one length, every one >= 1 token (post-preprocessing lengths)")
     if world_size < 1 or ranks_per_host < 1:
         raise ConfigError(f"world_size and ranks_per_host must be >= 1, got {world_size} and {ranks_per_host}")
+    if jobs is not None and int(jobs) < 1:
+        raise ConfigError(f"jobs must be >= 1 (processes simulating the candidates), got {jobs}")
     if cost not in ("padded", "packed"):
         raise ConfigError(f"cost must be 'padded' or 'packed', got {cost!r}")
     budgets = sorted(set(budgets or DEFAULT_BUDGETS))
@@ -258,41 +263,37 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
     scale = num_samples / total
     collate = "pad" if cost == "padded" else "packed"
     filler = int(np.median(dealt))
-    predictions, gmt_steps = [], []
-    todo = len(budgets) * len(_candidates(world_size, ranks_per_host, [budgets[0]], windows))
+    gmt_steps, todo, ref = [], [], {}
     for b in budgets:
         cm = make_cost_model(cost, b)
         gmt = _predicted(global_max_tokens(sizes, cm, world_size), sizes, world_size, filler, collate, step_model)
         std = _predicted(standard(len(sizes), world_size, 1), sizes, world_size, filler, collate, step_model)
         gmt_steps.append(gmt["steps"] * scale)
-        for c in (c for c in _candidates(world_size, ranks_per_host, [b], windows)):
-            tc = time.perf_counter()
-            sim = simulate([[] for _ in range(world_size)], c.loader_settings(cm), deal=measures)
-            pl = c.placement()
-            header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
-                                   c.exchange, 0 if pl is None else pl.slack_bp).length
-            round_s = odb_round_latency(step_model, world_size, c.buffer_size, header)[0]
-            m = schedule_metrics(sim.batches, sizes, cm)
-            run = predict(_plan(sim.batches, sizes, world_size, filler), world_size, step_model,
-                          num_rounds=sim.rounds, round_s=round_s, collate=collate)
-            real = sum(b is not None for row in sim.batches for b in row)
-            w_samples = c.buffer_size * c.pool_size
-            p = Prediction(
-                candidate=c, steps=m["steps"] * scale, padding=m["padding"], straggler_efficiency=m["straggler_eff"],
-                token_balance=token_balance(sim.batches, sizes), budget_use=m["budget_use"], steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
-                throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
-                throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
-                first_batch_s=None if preprocess_s is None else
-                max((w for w in sim.first_wait if w is not None), default=0) * preprocess_s / max(1, num_workers),
-                window_bytes=None if sample_bytes is None else 3 * w_samples * sample_bytes,
-                moved_share=sim.moved / max(1, real))
-            p.misses = [k for k, ok in (("straggler_efficiency", p.straggler_efficiency >= TARGETS["straggler_efficiency"]),
-                                        ("steps_vs_gmt", p.steps_vs_gmt <= TARGETS["steps_vs_gmt"]),
-                                        ("throughput_vs_gmt", p.throughput_vs_gmt >= TARGETS["throughput_vs_gmt"]))
-                        if not ok]
-            predictions.append(p)
-            if progress is not None:
-                progress(f"odb plan: {len(predictions)}/{todo} {c.label()}: {time.perf_counter() - tc:.1f} s")
+        ref[b] = (gmt, std)
+        todo += _candidates(world_size, ranks_per_host, [b], windows)
+    run = _Epoch(measures, sizes, world_size, cost, collate, filler, scale, step_model, preprocess_s, num_workers,
+                 sample_bytes)
+    jobs = _jobs(jobs, len(todo), total)
+    predictions: list[Prediction] = [None] * len(todo)  # type: ignore[list-item]
+
+    def done(k: int, p: Prediction, seconds: float) -> None:
+        predictions[k] = p
+        if progress is not None:
+            progress(f"odb plan: {sum(q is not None for q in predictions)}/{len(todo)} {p.candidate.label()}: "
+                     f"{seconds:.1f} s")
+    if jobs == 1:
+        for k, c in enumerate(todo):
+            done(k, *run.predict(c, *ref[c.token_budget]))
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from multiprocessing import get_context
+
+        # spawn: a fresh interpreter each (a fork would copy a parent's threads' state, torch's included)
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_Epoch.install,
+                                 initargs=(run,)) as pool:
+            futures = {pool.submit(_predict_installed, c, *ref[c.token_budget]): k for k, c in enumerate(todo)}
+            for f in as_completed(futures):
+                done(futures[f], *f.result())
     rec, why = _recommend(predictions, budgets, per_rank)
     if min(gmt_steps) < SMALL_EPOCH_STEPS:
         why.append(f"a small epoch: {per_rank} samples a rank, {min(gmt_steps):.0f} steps of the offline oracle's at "
@@ -304,6 +305,92 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
               "windows_cut": cut, "num_samples": num_samples, "seed": seed,
               "step_model": "H20_2B" if step_model == H20_2B else repr(step_model)}
     return PlanReport(predictions, rec, why, inputs, time.perf_counter() - t0)
+
+
+# Below this many simulated samples (summed over the candidates, about 1 s of simulation) ``jobs=None`` keeps to this
+# process: a worker's start (a fresh interpreter importing odb) costs about what it would save.
+POOL_FROM_SAMPLES = 100_000
+
+
+def _jobs(jobs: int | None, candidates: int, samples: int) -> int:
+    """Processes to simulate the candidates in: ``jobs``; None: this process's CPUs where the work is worth a pool
+    (`POOL_FROM_SAMPLES`), else 1; never more than the candidates."""
+    if jobs is None:
+        if samples * candidates < POOL_FROM_SAMPLES:
+            return 1
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(int(jobs), candidates))
+
+
+class _Epoch:
+    """The simulated epoch every candidate runs on, and what turns a candidate's run into its `Prediction`
+    (the same in this process or in a worker of the pool, where `install` keeps it)."""
+
+    installed: "_Epoch | None" = None
+
+    def __init__(self, measures, sizes, world_size, cost, collate, filler, scale, step_model, preprocess_s,
+                 num_workers, sample_bytes):
+        self.measures, self.sizes, self.world_size, self.cost, self.collate = measures, sizes, world_size, cost, collate
+        self.filler, self.scale, self.step_model, self.preprocess_s = filler, scale, step_model, preprocess_s
+        self.num_workers, self.sample_bytes = num_workers, sample_bytes
+
+    @staticmethod
+    def install(epoch: "_Epoch") -> None:
+        _Epoch.installed = epoch
+
+    def predict(self, c: Candidate, gmt: dict, std: dict) -> tuple[Prediction, float]:
+        """(candidate `c`'s prediction, seconds it took)."""
+        from ..batching import default_policy, make_cost_model
+        from ..core.sim import simulate
+        from ..runtime.engine import header_layout
+
+        t0 = time.perf_counter()
+        cm, sizes, world_size = make_cost_model(self.cost, c.token_budget), self.sizes, self.world_size
+        with _collector_paused():
+            sim = simulate([[] for _ in range(world_size)], c.loader_settings(cm), deal=self.measures)
+        pl = c.placement()
+        header = header_layout(default_policy(c.pool_size).summary_len, c.buffer_size, c.pool_size,
+                               c.exchange, 0 if pl is None else pl.slack_bp).length
+        round_s = odb_round_latency(self.step_model, world_size, c.buffer_size, header)[0]
+        m = schedule_metrics(sim.batches, sizes, cm)
+        run = predict(_plan(sim.batches, sizes, world_size, self.filler), world_size, self.step_model,
+                      num_rounds=sim.rounds, round_s=round_s, collate=self.collate)
+        real = sum(b is not None for row in sim.batches for b in row)
+        w_samples = c.buffer_size * c.pool_size
+        p = Prediction(
+            candidate=c, steps=m["steps"] * self.scale, padding=m["padding"], straggler_efficiency=m["straggler_eff"],
+            token_balance=token_balance(sim.batches, sizes), budget_use=m["budget_use"],
+            steps_vs_gmt=m["steps"] / max(1, gmt["steps"]),
+            throughput_vs_gmt=run["samples_per_s"] / gmt["samples_per_s"],
+            throughput_vs_standard=run["samples_per_s"] / std["samples_per_s"],
+            first_batch_s=None if self.preprocess_s is None else
+            max((w for w in sim.first_wait if w is not None), default=0) * self.preprocess_s / max(1, self.num_workers),
+            window_bytes=None if self.sample_bytes is None else 3 * w_samples * self.sample_bytes,
+            moved_share=sim.moved / max(1, real))
+        p.misses = [k for k, ok in (("straggler_efficiency", p.straggler_efficiency >= TARGETS["straggler_efficiency"]),
+                                    ("steps_vs_gmt", p.steps_vs_gmt <= TARGETS["steps_vs_gmt"]),
+                                    ("throughput_vs_gmt", p.throughput_vs_gmt >= TARGETS["throughput_vs_gmt"]))
+                    if not ok]
+        return p, time.perf_counter() - t0
+
+
+def _predict_installed(c: Candidate, gmt: dict, std: dict) -> tuple[Prediction, float]:
+    """A pool worker's task: `_Epoch.predict` on the epoch its initializer installed."""
+    return _Epoch.installed.predict(c, gmt, std)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while a simulation runs: the simulation allocates millions of
+    short-lived objects, and each full collection walks every one alive (a fifth of a 100,000-sample epoch's
+    time); the collector is back on, as it was, once the run is done and the next collection frees its cycles."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _plan(rows, sizes, world: int, filler: int) -> list:

@@ -20,7 +20,7 @@ from .expr import Cfg, Const, Expr, Hdr, Lazy, Op, Scope, compiled_tuple, evalua
 from .table import Aggregate, Choice, Row, Table
 
 __all__ = ["Step", "initial_local", "candidate_rows", "enabled_rows", "choice_bounds", "fire",
-           "step", "successors", "aggregate", "collective_inputs"]
+           "step", "run", "successors", "aggregate", "collective_inputs"]
 
 
 class Step(NamedTuple):
@@ -187,6 +187,59 @@ def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], c
     # the guard was just found true on these very reads (`rec` replays them; guards read no params), so
     # `fire`'s check of it is skipped; the choices' bounds are still checked
     return _apply(table, row, local, rec, cfg, params, s)
+
+
+def run(table: Table, local: dict, inputs: Callable[[str], int], cfg: Mapping,
+        choose: Callable[[Row, Choice, int, int, dict], int], selected: Callable[[Row], None] | None,
+        fired: Callable[[Row, Mapping, int | None], None], until: frozenset[str]) -> Step:
+    """`step` repeated on one rank until a row whose effect kind is in `until` fires: that row's `Step`.
+
+    Every row fires as `step` fires it (its phase's guards in table order, exactly one enabled, its
+    choices within their bounds, its updates simultaneous), in the same order, on the same inputs: `local` (the
+    caller's own dict) is updated in place, and each row before the last is reported as ``fired(row, inputs
+    read, emit count or None)`` instead of a `Step`, its updates already applied.  What `step` raises, this
+    raises; the rows fired before stay applied to `local`."""
+    rec, params = _Recording(inputs), {}
+    s = _scope(table, local, rec, cfg, params)  # one scope for the run: `local`, `rec` and `params` change in place
+    phases: dict = {}  # this run's `_guards` and `_row_values`, looked up once
+    updates: dict = {}
+    while True:
+        rec.clear()
+        params.clear()
+        ph = local["ph"]
+        hit = phases.get(ph)
+        if hit is None:
+            hit = phases[ph] = _guards(table, ph)
+        cands, guards = hit
+        rows = [r for r, g in zip(cands, guards(s)) if g]
+        if len(rows) != 1:
+            raise ProtocolError(
+                f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs "
+                f"{dict(rec)}; the table must enable exactly one row per step")
+        row = rows[0]
+        eff = row.effect
+        if eff.kind in until:
+            if selected is not None:
+                selected(row)
+            for c in row.choices:
+                lo, hi = _bounds(table, c, s)
+                params[c.name] = int(choose(row, c, lo, hi, dict(params)))
+            return _apply(table, row, local, rec, cfg, params, s)
+        for c in row.choices:
+            lo, hi = _bounds(table, c, s)
+            v = params[c.name] = int(choose(row, c, lo, hi, dict(params)))
+            if not lo <= v <= hi:
+                raise ProtocolError(
+                    f"row {row.name}: choice {c.name}={v} outside its contract [{lo}, {hi}] in state {dict(local)}")
+        hit = updates.get(row.name)
+        if hit is None:
+            hit = updates[row.name] = _row_values(table, row)
+        targets, _, values = hit
+        v = values(s)  # every right-hand side read from the old state, then assigned
+        for t, x in zip(targets, v):
+            local[t] = x
+        local["ph"] = row.phase_to
+        fired(row, rec, v[len(targets)] if eff.kind == "emit" else None)
 
 
 def successors(table: Table, local: Mapping, inputs: Mapping, cfg: Mapping) -> Iterator[Step]:

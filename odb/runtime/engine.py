@@ -10,11 +10,11 @@ Legend
              the round's batches held until the next collective, the queue (two rounds' releases at most)
 
 The loop: while the core is in WAIT, post nothing and wait (at most ``timeout_s``) for the round's
-collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.step(quit)``.
-Each call fires one table row; the engine does what the returned `odb.core.rank.Out` says: post the
-header and counts (SYNC), move the round exchange's batches (`odb.runtime.transport.BatchTransfer`,
-bounded by ``timeout_s``), queue the released batches, write the trace line, hand errors over.  It
-decides nothing itself.
+collective (`odb.runtime.transport`), then ``core.collect(gathered)``; otherwise ``core.advance(quit)`` (the
+rows up to the next post; traced, ``core.step(quit)``, one row a call, each row a trace line).  The engine
+does what the returned `odb.core.rank.Out` says: post the header and counts (SYNC), move the round exchange's
+batches (`odb.runtime.transport.BatchTransfer`, bounded by ``timeout_s``), queue the released batches, write
+the trace line, hand errors over.  It decides nothing itself.
 
 Pauses: the engine waits for its consumer only at a round boundary, after a round's collective and its
 exchange, never inside one, and for a condition in batches of rounds that is the same on every rank (every rank
@@ -114,6 +114,8 @@ class Engine:
 
     def _loop(self) -> None:
         core, seq, status = self.core, 0, (lambda: self._quit)
+        # untraced, the FILL and EMIT rows up to a post run in one call: a trace logs every row, one call each
+        fire = core.step if self.trace is not None else core.advance
         while not core.done:
             collected = core.waiting
             if collected:
@@ -123,7 +125,7 @@ class Engine:
                 out = core.collect(gathered)
                 moves = self._exchange(out) if out.send or out.expect or core.receiving else None
             else:
-                out, moves = core.step(status), None
+                out, moves = fire(status), None
             if out.local_error is not None:
                 self._local_error(out.local_error)
             if out.step is None:
