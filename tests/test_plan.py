@@ -173,6 +173,14 @@ def test_the_hint_simulates_only_below_its_sample_limit_and_otherwise_names_the_
     assert (n - 1) * len(lengths) <= HINT_SAMPLES < n * len(lengths)
     big = plan_hint(_hint_loader(n, w), lengths, 0.9)
     assert "predicts" not in big and f"--world-size {n} to see what buffer_size={2 * w} or pooling" in big
+    # its figures are the planner's own token balance for the same epoch, window by window
+    rep = plan(lengths, world_size=2, budgets=[256], windows=[8, 16, 32], seed=0, num_samples=600)
+    for p in rep.predictions:
+        if p.candidate.placement() is None:
+            now = " (now)" if p.candidate.buffer_size == 8 else ""
+            assert f"buffer_size={p.candidate.buffer_size}{now}: token balance {p.token_balance:.3f}," in hint
+    assert len({f"{p.token_balance:.3f}" for p in rep.predictions} | {f"{p.straggler_efficiency:.3f}"
+                                                                        for p in rep.predictions}) > 3
     # a window that holds the rank's whole epoch already: no larger one is proposed
     whole = plan_hint(_hint_loader(2, 512), lengths, 0.9)
     assert "already holds this rank's whole epoch (300 samples)" in whole and "buffer_size=1024" not in whole
@@ -510,6 +518,52 @@ def test_candidates_simulated_in_worker_processes_give_the_report_of_one_process
         gc.enable()
     from odb.plan.planner import POOL_FROM_SAMPLES, _jobs
 
-    assert _jobs(None, 12, POOL_FROM_SAMPLES // 12 - 1) == 1  # a small plan stays in this process
-    assert _jobs(None, 12, POOL_FROM_SAMPLES) == min(12, len(os.sched_getaffinity(0)))
-    assert _jobs(64, 3, 10) == 3
+    cpus = min(12, len(os.sched_getaffinity(0)))
+    assert _jobs(None, 12, POOL_FROM_SAMPLES // 12 - 1) == 1  # a small plan (samples x candidates) stays here
+    assert _jobs(None, 12, POOL_FROM_SAMPLES // 12 + 1) == cpus and _jobs(None, 12, POOL_FROM_SAMPLES) == cpus
+    assert _jobs(64, 3, 10) == 3 and _jobs(1, 12, 10**9) == 1
+
+
+def test_the_command_line_plans_in_a_process_a_cpu_unless_told_and_reads_input_ids_first(tmp_path, monkeypatch):
+    import odb.plan.planner as planner
+    from odb.plan.cli import _obvious_column, main
+
+    seen = []
+
+    def fake(lengths, **kw):
+        seen.append(kw["jobs"])
+        raise odb.ConfigError("stop here")
+    monkeypatch.setattr(planner, "plan", fake)
+    np.save(tmp_path / "l.npy", np.array(LENGTHS))
+    assert main([str(tmp_path / "l.npy"), "--world-size", "2"]) == 2
+    assert main([str(tmp_path / "l.npy"), "--world-size", "2", "--jobs", "3"]) == 2
+    assert seen == [None, 3]
+    assert _obvious_column(["length", "input_ids", "labels"], "p") == "input_ids"
+    assert _obvious_column(["labels", "num_tokens"], "p") == "num_tokens"
+
+
+def test_a_window_of_exactly_a_ranks_epoch_is_not_cut_and_a_drawn_epoch_is_the_seeds():
+    r = plan(LENGTHS, world_size=8, budgets=[256], windows=[75])  # 75 samples a rank
+    assert r.inputs["windows_cut"] == [] and "cut to" not in r.text()
+    a, b, c = (plan(LENGTHS[:200], world_size=8, budgets=[256], windows=[32], num_samples=600, seed=s)
+               for s in (1, 1, 2))
+    assert a.inputs["order"] == "drawn" and [p.as_dict() for p in a.predictions] == [p.as_dict() for p in b.predictions]
+    assert [p.as_dict() for p in a.predictions] != [p.as_dict() for p in c.predictions]
+
+
+def test_the_recommendation_prices_a_pool_by_its_whole_window_and_prints_none_when_it_runs_none():
+    """Of candidates that all meet the targets, the cheapest runs: a pool of G windows of W costs G W samples of
+    preprocessing and memory a rank, more than one window of 2 W; the call it prints names ``placement=None``
+    (the loader's default is "auto", not None)."""
+    from odb.plan.planner import Candidate, Prediction, _recommend
+
+    def pred(c):
+        return Prediction(candidate=c, steps=10, padding=0.1, straggler_efficiency=0.99, token_balance=0.99,
+                          budget_use=0.9, steps_vs_gmt=1.0, throughput_vs_gmt=1.0, throughput_vs_standard=5.0,
+                          first_batch_s=None, window_bytes=None)
+
+    preds = [pred(Candidate(512, 64)), pred(Candidate(512, 32, 4)), pred(Candidate(512, 32, 4, exchange=True))]
+    rec, why = _recommend(preds, [512], per_rank=1000)
+    assert rec.candidate == Candidate(512, 64) and "buffer_size=64: the smallest window" in why[1]
+    assert rec.candidate.call().endswith("buffer_size=64, placement=None)")
+    assert Candidate(512, 32, 4).call().endswith("placement=odb.Pooled(size=4))")
