@@ -21,8 +21,8 @@ from _tiny_hf import tiny_hf_dataset  # noqa: E402
 from datasets.distributed import split_dataset_by_node  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
-from odb.integrations.hf import ODBTrainer  # noqa: E402
 from odb.batching import pad_collate  # noqa: E402
+from odb.integrations.hf import ODBTrainer  # noqa: E402
 
 
 def main() -> None:

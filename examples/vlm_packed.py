@@ -24,8 +24,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from _tiny import init_gloo  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: E402
 
 from odb import ODBDataLoader  # noqa: E402

@@ -58,8 +58,8 @@ from odb.batching import make_cost_model
 from odb.core.header import Gathered, Post, reduce_posts
 from odb.core.placement import Exchanged, Pooled
 from odb.core.sim import replay_rank, simulate
-from odb.settings import LoaderSettings
 from odb.runtime.transport import counts_mode
+from odb.settings import LoaderSettings
 
 from .cpu import reference_ms
 from .distributions import sample_lengths

@@ -13,8 +13,16 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from odb.baselines import (PEERS, ReleasePolicy, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
-                           memory_equivalent_batch_size, standard, step_lower_bound)
+from odb.baselines import (
+    PEERS,
+    ReleasePolicy,
+    batch_lower_bound,
+    bucketed_max_tokens,
+    global_max_tokens,
+    memory_equivalent_batch_size,
+    standard,
+    step_lower_bound,
+)
 from odb.batching import default_policy, make_cost_model
 from odb.core.sim import simulate
 from odb.settings import LoaderSettings

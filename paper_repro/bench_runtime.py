@@ -359,7 +359,7 @@ def main(out_dir) -> dict:
                           f"{d[p].get('later_p99_ms', 0):.3f})" for p in bench_decision.PARTS)
               + f"; {d['received_bytes'] / 1e6:.2f} MB received per round ({d['transport']}); reference "
               f"workload just before the replay {d['reference_ms_before_replay']:.1f} ms")
-        print(f"decision, the same after gc.freeze(): " + ", ".join(
+        print("decision, the same after gc.freeze(): " + ", ".join(
             f"{p} median {d['gc_frozen'][p]['median_ms']:.3f} ms p99 {d['gc_frozen'][p]['p99_ms']:.3f}"
             for p in bench_decision.PARTS))
     for name, (value, met) in figures["targets"].items():

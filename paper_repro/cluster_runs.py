@@ -64,7 +64,6 @@ def run_one(dist: str, world_size: int, samples_per_rank: int, window: int, budg
     to this mean (rounded, at least 1 token) before anything else; None keeps the distribution's."""
     from odb.baselines import bucketed_max_tokens, global_max_tokens, standard
     from odb.batching import default_policy, make_cost_model
-
     from odb.core import sim as simrank
     from odb.settings import LoaderSettings
 

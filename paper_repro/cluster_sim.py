@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 
 # the model itself lives in the package (`odb plan` reads batches through it); re-exported here
-from odb.plan.stepmodel import H20_2B, Plan, StepModel, odb_reduced_bytes, odb_round_latency, _rank_batch  # noqa: F401
+from odb.plan.stepmodel import H20_2B, Plan, StepModel, _rank_batch, odb_reduced_bytes, odb_round_latency  # noqa: F401
 from odb.plan.stepmodel import predict as simulate  # noqa: F401
 
 __all__ = ["StepModel", "H20_2B", "Plan", "simulate", "simulate_variable", "protocol_cost", "odb_reduced_bytes", "odb_round_latency",

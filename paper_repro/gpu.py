@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import platform
 import re

@@ -44,8 +44,20 @@ from pathlib import Path
 
 # what is fingerprinted lives with the grid that computes it: the grid's CLI stamps its results, and a module
 # the grid imported could not import the grid back
-from .scale_grid import (EXCHANGE_PROBE, EXCHANGES, POOLED_XB, PROBES, QUALITY_PROBES, TIMING_KEYS, exchange_digest,
-                         exchange_fingerprint, fingerprint, git, stamp, without_timings)
+from .scale_grid import (
+    EXCHANGE_PROBE,
+    EXCHANGES,
+    POOLED_XB,
+    PROBES,
+    QUALITY_PROBES,
+    TIMING_KEYS,
+    exchange_digest,
+    exchange_fingerprint,
+    fingerprint,
+    git,
+    stamp,
+    without_timings,
+)
 
 __all__ = ["PROBES", "QUALITY_PROBES", "TIMING_KEYS", "fingerprint", "exchange_fingerprint", "stamp", "check",
            "verify", "at_commit"]

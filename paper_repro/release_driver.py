@@ -41,6 +41,7 @@ TIMEOUT_S = 120
 def _rank_main(rank: int, world: int, store_path: str, job: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
+
     from odb.grouping import grouping_data  # the RELEASED package (separate venv)
     from odb.utils import is_valid_batch
 

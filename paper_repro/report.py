@@ -15,7 +15,8 @@ import os
 import platform
 import time
 
-from . import cache_cost, repro_stats as st
+from . import cache_cost
+from . import repro_stats as st
 from .report_plots import write_plots
 
 __all__ = ["write_all", "PAPER", "TARGETS", "targets", "verdict"]

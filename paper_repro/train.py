@@ -42,8 +42,8 @@ Output (rank 0 writes OUT.json): per method, one record per repeat (`_merge` giv
 from __future__ import annotations
 
 import argparse
-import gc
 import contextlib
+import gc
 import json
 import math
 import os

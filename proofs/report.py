@@ -159,6 +159,7 @@ def _job_dealt_mutants() -> tuple:
 def _witness_verdict(verdicts: list[Verdict]) -> Verdict:
     """Every ``sometimes`` property of every mode has an explicit witness in some scope (non-vacuity)."""
     from models.properties import for_mode
+
     from .explicit.explore import MODE_NAMES
     found = {(v.property, v.mode) for v in verdicts if v.method == "explicit BFS" and v.result == "found"}
     missing = [(p.name, MODE_NAMES[m]) for m in MODE_NAMES for p in for_mode(m)
@@ -449,6 +450,7 @@ def _sums(cs: list[dict], key: str) -> tuple[list[int], list[int]]:
 def render_dealt_md(rep: Report) -> list[str]:
     """The dealt-sharding section: one line per property, the runs per scope and mode, the mutants."""
     from models.dealt_properties import DEALT_ENGINE_PROPERTIES, DEALT_PROPERTIES
+
     from .explicit.dealt import METHOD as DEALT_METHOD
     from .symbolic.dealt import DEALER_SCOPE, OBLIGATIONS
     vs = [v for v in rep.verdicts if v.method == DEALT_METHOD]

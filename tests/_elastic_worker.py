@@ -27,9 +27,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import odb  # noqa: E402
-from odb.integrations import TrainStream, grad_sync  # noqa: E402
-
 from mp_harness import Samples, id_collate  # noqa: E402
+from odb.integrations import TrainStream, grad_sync  # noqa: E402
 
 NUM_SAMPLES, DROPS = 240, (5, 90, 201)
 LENGTHS = [2 + (i * 37) % 60 for i in range(NUM_SAMPLES)]

@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from _tiny import TinyDataset, tiny_llama  # noqa: E402
 
 N, BUDGET, GA, LR = 36, 48, 2, 1e-2

@@ -13,6 +13,7 @@ so tests describe runs as data (shard sizes, W, mode, faults).
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import random
@@ -21,8 +22,6 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
-
-import multiprocessing as mp
 
 from torch.utils.data import IterableDataset, get_worker_info
 

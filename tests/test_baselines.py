@@ -2,10 +2,19 @@
 
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from odb.baselines import (ReleasePolicy, ScheduleSampler, batch_lower_bound, bucketed_max_tokens,
-                           global_max_tokens, memory_equivalent_batch_size, standard, step_lower_bound)
+from odb.baselines import (
+    ReleasePolicy,
+    ScheduleSampler,
+    batch_lower_bound,
+    bucketed_max_tokens,
+    global_max_tokens,
+    memory_equivalent_batch_size,
+    standard,
+    step_lower_bound,
+)
 from odb.batching import AlignmentPolicy, check_partition, make_cost_model
 from odb.errors import ConfigError
 

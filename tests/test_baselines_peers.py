@@ -4,11 +4,19 @@ equal steps, batches within budget, deterministic plans; and the benchmark grid 
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import odb.baselines
-from odb.baselines import (PEERS, dp_balanced_packing, global_max_tokens, global_max_tokens_shuffled, hf_rebalance,
-                           karmarkar_karp, kk_micro_batches)
+from odb.baselines import (
+    PEERS,
+    dp_balanced_packing,
+    global_max_tokens,
+    global_max_tokens_shuffled,
+    hf_rebalance,
+    karmarkar_karp,
+    kk_micro_batches,
+)
 from odb.baselines.kk import bucket_sums, lpt
 from odb.batching import make_cost_model
 from odb.errors import ConfigError

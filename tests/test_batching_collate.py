@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-
 import torch
 
 from odb.batching import packed_collate, pad_collate

@@ -1,7 +1,8 @@
 """Cost models: the kinds compute what their docstrings say, are monotone, and reject bad specs."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from odb.batching import CostModel, make_cost_model
 from odb.batching.cost import QUADRATIC_B

@@ -5,19 +5,35 @@ import random
 from unittest import mock
 
 import numpy as np
-
 import pytest
-from hypothesis import Phase, given, settings, strategies as st
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
-from odb.batching import (AlignmentPolicy, BalancedPolicy, attention_coefficient, check_partition,
-                          default_policy, make_cost_model, pack)
+from odb.batching import (
+    AlignmentPolicy,
+    BalancedPolicy,
+    attention_coefficient,
+    check_partition,
+    default_policy,
+    make_cost_model,
+    pack,
+)
 from odb.batching import policy as policy_module
 from odb.batching.cost import BudgetCost, Resource
 from odb.batching.grouping import Group
-from odb.batching.policy import NUM_BUCKETS, OVER, SUMMARY_TAG, _EDGES, _fill_buckets, aligned_fill, fill_bucket, over_slots
+from odb.batching.policy import (
+    _EDGES,
+    NUM_BUCKETS,
+    OVER,
+    SUMMARY_TAG,
+    _fill_buckets,
+    aligned_fill,
+    fill_bucket,
+    over_slots,
+)
 from odb.core.shared import describe_policy
-from odb.errors import ConfigError, ProtocolError
 from odb.core.sim import simulate
+from odb.errors import ConfigError, ProtocolError
 from simkit import sim_settings
 
 SPECS = ["padded", "packed", "quadratic", {"tokens": 2000, "image_patches": ("padded", 900)}]

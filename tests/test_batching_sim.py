@@ -6,13 +6,14 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from odb.baselines import ReleasePolicy
 from odb.batching import default_policy, make_cost_model
+from odb.core.sim import simulate
 from paper_repro.bench import metrics
 from paper_repro.distributions import sample_lengths
-from odb.core.sim import simulate
 from simkit import sim_settings
 
 

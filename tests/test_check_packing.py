@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from odb.batching import check_packing, mrope_collate, pad_collate, packed_collate
+from odb.batching import check_packing, mrope_collate, packed_collate, pad_collate
 from odb.errors import ConfigError
 
 pytestmark = pytest.mark.adapters

@@ -5,9 +5,8 @@ import shutil
 
 import pytest
 
-from proofs.conformance import assert_conformant, check_dir
-
 from mp_harness import make_lengths, run_ranks, scenario
+from proofs.conformance import assert_conformant, check_dir
 
 
 @pytest.fixture(scope="module")

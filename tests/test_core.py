@@ -4,7 +4,8 @@ import dataclasses
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from odb.batching import default_policy
 from odb.batching.deal import DealtOrder, intake_ladder
@@ -250,8 +251,8 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
     """``traced=False`` (no trace written: a simulation, a loader without ``trace_dir``) drops only the
     rows' trace fields; every post, release and row is the traced core's."""
     from odb.batching import make_cost_model
-    from odb.core.rank import RankCore
     from odb.core.info import LoaderStats
+    from odb.core.rank import RankCore
 
     def core(traced):
         class Listed:  # ten samples of 3 to 30 tokens

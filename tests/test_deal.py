@@ -5,7 +5,8 @@ dry ranks skipped, resumable, strict about its inputs."""
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from odb.batching.deal import COST_SCALE, Dealer, fill_order, heap_order, level_order
 

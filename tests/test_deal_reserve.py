@@ -10,7 +10,7 @@ exactly one rank, every replica stays identical, and the epoch ends with nothing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.deal import DealtOrder, Dealer
+from odb.batching.deal import Dealer, DealtOrder
 
 
 def _epoch(total, world, window, drop_every, seed_bits):

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import odb
-from odb.core.placement import AUTO, DEFAULT_EXCHANGE, resolve_placement
-
 from mp_harness import Samples, id_collate, make_lengths, run_ranks
+from odb.core.placement import AUTO, DEFAULT_EXCHANGE, resolve_placement
 
 LENGTHS = make_lengths(400, seed=3, lo=2, hi=120)
 

@@ -10,11 +10,10 @@ import dataclasses
 
 import pytest
 
+from mp_harness import Samples, id_collate, make_lengths, run_ranks
 from odb.batching import make_cost_model
 from odb.core.sim import simulate
 from odb.runtime.source import shard_order
-
-from mp_harness import Samples, id_collate, make_lengths, run_ranks
 from simkit import sim_settings
 
 BUDGET = 160

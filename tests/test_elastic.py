@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mp_harness import run_ranks, scenario
 from odb.errors import ConfigError
 from odb.runtime import merge_states
 from proofs.conformance import assert_conformant
-
-from mp_harness import run_ranks, scenario
 
 _rng = random.Random(16)
 LENGTHS = [_rng.randint(40, 120) if _rng.random() < 0.15 else _rng.randint(2, 14) for _ in range(240)]
@@ -98,7 +97,6 @@ def test_wrong_merges_are_refused_with_a_clear_error(tmp_path):
 
 def test_a_merged_state_is_refused_by_a_loader_that_cannot_reshard_and_per_rank_states_by_another_world():
     import odb
-
     from mp_harness import ListSampler, Samples, id_collate
 
     state = {"version": 3, "kind": "global", "world_size": 2, "seed": 0, "sharding": "fixed", "order": "own",
@@ -128,9 +126,8 @@ def _stream_run(rank, world_size, spec):
     ``spec["own"]`` this rank's ``stream.state_dict()`` (the plain loop's checkpoint); or resume from
     `state` (a gathered entry, or a merged state loaded as it is) and run the epoch out."""
     import odb
-    from odb.integrations import TrainStream, gather_rank_states, own_rank_state
-
     from mp_harness import Samples, id_collate
+    from odb.integrations import TrainStream, gather_rank_states, own_rank_state
 
     loader = odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8, timeout_s=30,
                                sharding=spec["sharding"])
@@ -195,9 +192,8 @@ def _one_rank_stream_state(stop=3):
     """A TrainStream on one rank (no process group) after `stop` optimizer steps: its state and the indices
     it trained."""
     import odb
-    from odb.integrations import TrainStream
-
     from mp_harness import Samples, id_collate
+    from odb.integrations import TrainStream
 
     with odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8) as loader:
         stream, ids = TrainStream(loader, 2), []
@@ -209,9 +205,8 @@ def _one_rank_stream_state(stop=3):
 
 def _fresh_stream():
     import odb
-    from odb.integrations import TrainStream
-
     from mp_harness import Samples, id_collate
+    from odb.integrations import TrainStream
 
     return TrainStream(odb.ODBDataLoader(Samples(LENGTHS, drop=DROPS), 160, id_collate, buffer_size=8), 2)
 
@@ -261,10 +256,9 @@ def test_an_hf_trainer_checkpoint_folder_of_two_ranks_resumes_on_one(tmp_path):
     import torch
 
     import odb
+    from mp_harness import Samples, id_collate
     from odb.integrations import TrainStream
     from odb.integrations.hf import STATE_FILE, _resume_state
-
-    from mp_harness import Samples, id_collate
 
     first = run_ranks(_stream_run, 2, tmp_path / "a", args=({"sharding": "dealt", "stop": 2},), timeout_s=90)
     assert all(r.status == "ok" for r in first), [(r.status, (r.error or "")[:800]) for r in first]

@@ -9,10 +9,20 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from simkit import sim_settings
 
-from odb.batching.exchange import (KEY_SHIFT, MAX_BLOCK, NO_FILL, check_plan, exchange_plan, moved, pack_key,
-                                   plan_origins, runs_on, unpack_key)
+from odb.batching.exchange import (
+    KEY_SHIFT,
+    MAX_BLOCK,
+    NO_FILL,
+    check_plan,
+    exchange_plan,
+    moved,
+    pack_key,
+    plan_origins,
+    runs_on,
+    unpack_key,
+)
+from simkit import sim_settings
 
 
 def _expect(fills, plan) -> None:
@@ -400,10 +410,8 @@ def test_a_core_waits_for_its_exchange_and_refuses_a_delivery_the_plan_did_not_m
        st.sampled_from(["pad", "quota"]), st.sampled_from(["padded", "packed"]), st.integers(0, 10**6))
 def test_any_small_run_exchanges_as_the_plan_says_and_keeps_exact_counts(ranks_pool, window, rounds, mode, kind,
                                                                             seed):
-    from odb.batching import default_policy
+    from odb.batching import default_policy, make_cost_model
     from odb.core.sim import simulate
-
-    from odb.batching import make_cost_model
 
     world, pool = ranks_pool
     if pool > 1:

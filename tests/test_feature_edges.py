@@ -13,10 +13,9 @@ import pytest
 import torch
 
 import odb
+from mp_harness import Samples, id_collate, make_lengths, run_ranks, scenario
 from odb.runtime import merge_states
 from odb.runtime.transport import _dumps
-
-from mp_harness import Samples, id_collate, make_lengths, run_ranks, scenario
 
 DTYPES = [torch.uint16, torch.uint32, torch.uint64, torch.bfloat16, torch.float8_e4m3fn, torch.float16, torch.bool,
           torch.int64, torch.complex64]

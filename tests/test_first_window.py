@@ -15,11 +15,10 @@ import pytest
 import torch
 
 import odb
+from mp_harness import build_and_run, make_lengths, run_ranks, scenario
 from odb.errors import ConfigError
 from odb.runtime import merge_states
 from proofs.conformance import assert_conformant
-
-from mp_harness import build_and_run, make_lengths, run_ranks, scenario
 
 LENGTHS = make_lengths(300, seed=53, lo=2, hi=60)
 

@@ -16,14 +16,13 @@ import pytest
 
 from models.env import SysState
 from models.scopes import Scope
+from mp_harness import make_lengths, run_ranks, scenario
 from odb.protocol.table import DGAP, DONE, PAD, WAIT
 from proofs.conformance import check_dir
 from proofs.conformance.hb import happens_before
 from proofs.explicit import counterexample, explore, waits_for_chain, waits_for_graph
 from proofs.explicit.check import ROUNDS_CLOSED_FORM, check_scope
 from proofs.explicit.crosscheck import CROSS_CHECK_MUTANTS, cross_check, mutant_cross_checks
-
-from mp_harness import make_lengths, run_ranks, scenario
 
 EXPLORE = importlib.import_module("proofs.explicit.explore")  # the module (the package exports the function)
 

@@ -42,8 +42,8 @@ def _train(kind: str, k: int, exchange: bool = False) -> dict:
     import torch
     import torch.distributed as dist
     from _tiny import TinyDataset, tiny_llama
-    from mp_harness import ListSampler
 
+    from mp_harness import ListSampler
     from odb import Exchanged, ODBDataLoader
     from odb.integrations import TrainStream, grad_sync, weighted_loss
 
@@ -116,11 +116,10 @@ def _fallbacks(out_dir: str) -> dict:
     from _tiny import TinyDataset, tiny_llama
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from transformers import Trainer, TrainingArguments
 
     from odb.runtime import pad_collate
-
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     try:
         FSDP(tiny_llama(0), use_orig_params=True)  # FSDP1 without device_id

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 import transformers  # noqa: E402,F401  (installed by `make test`; missing fails, never skips)
 
 from _integrations_worker import N, check_run, run_workers  # noqa: E402

@@ -17,6 +17,7 @@ def test_lightning_ddp_two_ranks_global_token_mean_sample_schedule_exactly_once_
 
 def test_lightning_datamodule_refuses_join_mode():
     import lightning  # noqa: F401  (installed by `make test`; a missing adapter package fails, never skips)
+
     from odb.errors import ConfigError
     from odb.integrations.lightning import ODBDataModule
 

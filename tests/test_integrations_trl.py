@@ -61,9 +61,9 @@ def _run(key: str, rec: dict, out: str, stop_at: int | None = None, resume: bool
          **cfg):
     """One ODBSFTTrainer run; records into rec[key] (a dict)."""
     from _tiny_hf import tiny_hf_dataset, tiny_tokenizer
-    from mp_harness import ListSampler
     from transformers import TrainerCallback
 
+    from mp_harness import ListSampler
     from odb.integrations.trl import ODBSFTTrainer
 
     rank, world = rank_world()

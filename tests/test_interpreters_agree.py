@@ -23,8 +23,7 @@ from models.env import Model, SysState
 from models.logic import holds
 from odb.protocol import machine
 from odb.protocol.expr import Cfg, Const, Field, Hdr, Input, Let, Op, Param, Scope, evaluate, leaves, to_z3
-from odb.protocol.table import Aggregate
-from odb.protocol.table import DGAP, JOIN, PAD, QUOTA
+from odb.protocol.table import DGAP, JOIN, PAD, QUOTA, Aggregate
 from proofs.symbolic.encode import ENV_ARRAYS, MAILBOX, QUIT, Encoder
 from proofs.symbolic.invariants import INVARIANT, rounds_bound_value
 

@@ -7,10 +7,9 @@ import random
 import pytest
 
 import odb
+from mp_harness import Samples, id_collate, make_lengths
 from odb.batching import make_cost_model
 from odb.core.sim import simulate
-
-from mp_harness import Samples, id_collate, make_lengths
 from simkit import sim_settings
 
 LENGTHS = make_lengths(60, seed=5, lo=2)

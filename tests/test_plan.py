@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import odb
+from mp_harness import Samples, id_collate, run_ranks
 from odb.core.placement import DEFAULT_EXCHANGE
 from odb.plan import measure, plan, read_lengths
 from odb.plan.metrics import schedule_metrics
-
-from mp_harness import Samples, id_collate, run_ranks
 
 _rng = np.random.default_rng(53)
 LENGTHS = [int(x) for x in np.clip(np.round(_rng.lognormal(np.log(30), 0.9, 600)), 2, 400)]  # a long tail, CV ~1

@@ -11,16 +11,16 @@ What must hold, and what each test pins:
 """
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mp_harness import Samples, id_collate, make_lengths, run_ranks
 from odb.batching import make_cost_model
 from odb.core.header import Header, HeaderLayout
 from odb.core.placement import check_pool, lane_proposal, pool_aheads, pool_rows
 from odb.core.sim import simulate
 from odb.errors import ConfigError, ProtocolError
 from odb.runtime.source import shard_order
-
-from mp_harness import Samples, id_collate, make_lengths, run_ranks
 from simkit import sim_settings
 
 BUDGET = 160

@@ -6,7 +6,6 @@ from odb.errors import ProtocolError
 from odb.protocol import DGAP, FILL, WAIT, fire, initial_local, step
 from odb.protocol.expr import Field, Input, eq
 
-
 CFG = {"W": 2, "W0": 2, "mode": 0, "header_len": 1, "xchg": 0}
 
 

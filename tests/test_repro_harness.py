@@ -148,8 +148,8 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample_in_every_ro
 
 
 def test_accumulation_is_matched_to_the_reference_method_and_refuses_a_wrong_order():
-    from paper_repro.train import accum_for
     from paper_repro.sources import MethodUnavailable
+    from paper_repro.train import accum_for
 
     spec = {"methods": ["odb_pad", "standard1", "standardB"], "accum_match": "odb_pad",
             "accum_methods": ["standard1", "standardB"], "budget": 1024, "cutoff": 256, "kind": "text"}
@@ -220,9 +220,9 @@ def test_a_scale_point_scores_every_method_on_the_same_samples_and_its_targets_n
 
 
 def test_the_grids_pooled_odb_is_the_shipped_pool_and_its_targets_are_checked_beside_the_default():
+    from odb.core.sim import simulate
     from paper_repro import scale_grid as sg
     from paper_repro.bench_grid import point
-    from odb.core.sim import simulate
 
     r = sg.run_point("mmmix", 16, 8, 4096, "padded", 32, pooled=True)
     pooled = r["methods"][sg.POOLED]
@@ -242,8 +242,8 @@ def test_the_grids_pooled_odb_is_the_shipped_pool_and_its_targets_are_checked_be
 
 
 def test_the_exchange_prototype_re_deals_a_rounds_batches_by_fill_moving_a_batch_only_when_its_rank_is_taken():
-    from paper_repro import scale_grid as sg
     from odb.batching import make_cost_model
+    from paper_repro import scale_grid as sg
 
     sizes, cost = [(90,), (80,), (40,), (30,), (60,), (50,)], make_cost_model("padded", 100)
     rows = [[[0], [1], [4]], [[2], [3], None]]  # round 1: steps 0-1; round 2: step 2 (one batch and a filler)
@@ -256,10 +256,10 @@ def test_the_exchange_prototype_re_deals_a_rounds_batches_by_fill_moving_a_batch
 
 
 def test_the_exchange_prototype_orders_packed_batches_by_their_attention_aware_fill():
-    from paper_repro import scale_grid as sg
     from odb.batching import default_policy, make_cost_model
     from odb.batching.grouping import Group
     from odb.batching.policy import aligned_fill
+    from paper_repro import scale_grid as sg
 
     # packed: [0] holds one 6,000-token sample, [1, 2] two of 3,000 - the same tokens (plain fills tie, and a tie
     # keeps the step order), but the fill weighs L (1 + a L), so [0] is the fuller batch and runs first
@@ -287,12 +287,12 @@ def test_variable_counts_end_a_step_once_every_rank_ran_its_share_of_compute():
 
 
 def test_the_repro_budget_is_checked_not_only_printed():
-    from paper_repro.repro import BUDGET
     import json
     import os
 
     from paper_repro import report
     from paper_repro.report import budget_lines
+    from paper_repro.repro import BUDGET
     quick = budget_lines(BUDGET, BUDGET["repro_s"] + 1, [1.0, 9.0, 2.0], [4], full=False)
     assert quick[0].endswith("MISSED") and "repro_s" not in quick[1] and quick[1].endswith("MET")
     assert quick[2].endswith("MET")
@@ -305,8 +305,8 @@ def test_the_repro_budget_is_checked_not_only_printed():
 
 
 def test_the_full_grid_runs_the_default_window_at_scale_with_realistic_epochs():
-    from paper_repro import scale_grid as sg
     from odb.settings import LoaderSettings
+    from paper_repro import scale_grid as sg
     wide = [p for p in sg.points(True) if p[2] != sg.GRID_FULL["window"]]
     assert {p[2] for p in wide} == {LoaderSettings(token_budget=8192).buffer_size}  # the loader's default window
     assert {(p[1], p[4]) for p in wide} == {(64, "padded"), (256, "padded")} and len(wide) == 2 * len(sg.DISTS)

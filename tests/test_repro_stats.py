@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from paper_repro import cache_cost, cpu, repro_stats as st
+from paper_repro import cache_cost, cpu
+from paper_repro import repro_stats as st
 from paper_repro.cpu import ENGINE_PREFIX, LoopMeter
 from paper_repro.report import verdict
 from paper_repro.train import keep_attempt, rerun, round_order

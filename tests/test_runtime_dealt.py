@@ -10,9 +10,8 @@ import random
 
 import pytest
 
-from proofs.conformance import assert_conformant
-
 from mp_harness import run_ranks, scenario
+from proofs.conformance import assert_conformant
 
 pytestmark = pytest.mark.slow
 

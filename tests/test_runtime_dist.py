@@ -13,10 +13,9 @@ from collections import Counter
 
 import pytest
 
+from mp_harness import build_and_run, make_lengths, run_ranks, scenario
 from odb.protocol import DGAP
 from proofs.conformance import assert_conformant
-
-from mp_harness import build_and_run, make_lengths, run_ranks, scenario
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,10 @@ import time
 
 import pytest
 
+from mp_harness import Samples, make_lengths, run_ranks, scenario
 from odb.batching import make_cost_model
 from odb.core.sim import simulate
 from odb.runtime.source import shard_order
-
-from mp_harness import Samples, make_lengths, run_ranks, scenario
 
 BUDGET = 160
 LENGTHS = make_lengths(260, seed=11, lo=2, hi=150)
@@ -187,8 +186,9 @@ def test_a_batch_that_cannot_be_pickled_stops_every_rank_through_the_table(tmp_p
 
 
 def _transfer(rank, world_size, how):
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
 
     from odb.core.types import Batch
     from odb.runtime.transport import BatchTransfer
@@ -249,9 +249,8 @@ def test_a_dead_peer_is_a_rank_failure_on_every_other_rank_within_the_timeout(tm
 
 def test_the_exchange_setting_is_refused_where_ranks_run_different_steps_or_bring_their_own_samples():
     import odb
-    from odb.errors import ConfigError
-
     from mp_harness import ListSampler
+    from odb.errors import ConfigError
 
     data = Samples(LENGTHS)
     for kw in ({"mode": "join"}, {"sharding": "fixed"}, {"sampler": ListSampler(range(10))}):

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 import odb
-from odb.runtime.source import count_labels, default_length
-
 from mp_harness import Samples, id_collate, make_lengths
+from odb.runtime.source import count_labels, default_length
 
 LENGTHS = make_lengths(40, seed=4, lo=2, hi=30)
 

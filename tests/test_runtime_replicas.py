@@ -11,9 +11,8 @@ import time
 import pytest
 import torch
 
-from proofs.conformance import assert_conformant, check_dir
-
 from mp_harness import ListSampler, Samples, id_collate, make_lengths, run_ranks, scenario
+from proofs.conformance import assert_conformant, check_dir
 
 pytestmark = pytest.mark.slow
 

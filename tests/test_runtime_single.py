@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import odb
+from mp_harness import Samples, Stream, id_collate, list_collate, make_lengths
 from odb.runtime import pad_collate
 from proofs.conformance import assert_conformant
-
-from mp_harness import Samples, Stream, id_collate, list_collate, make_lengths
 
 LENGTHS = make_lengths(50, seed=3, lo=2)
 

@@ -126,8 +126,17 @@ def test_the_committed_grids_agree_where_they_overlap_and_the_committed_tally_is
 
 
 def test_the_exchange_rows_run_the_core_beside_gmt_and_merge_with_the_grids_point(small_scope):
-    from paper_repro.scale_grid import (LABELS, POOLED, POOLED_X, POOLED_XB, SLACK, TARGETS, exchange_point, run_point,
-                                        target_lines)
+    from paper_repro.scale_grid import (
+        LABELS,
+        POOLED,
+        POOLED_X,
+        POOLED_XB,
+        SLACK,
+        TARGETS,
+        exchange_point,
+        run_point,
+        target_lines,
+    )
     from paper_repro.scale_targets import merge
 
     p = ("sharegpt4o", 16, 16, 4096, "padded", 96)

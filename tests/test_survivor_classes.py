@@ -18,9 +18,11 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import assume, example, given, settings, strategies as st
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 
 import odb
+from mp_harness import ListSampler, Samples, Stream, id_collate, make_lengths, run_ranks, scenario
 from odb.batching import BudgetCost, Resource, default_policy, make_cost_model, pack
 from odb.batching.deal import COST_SCALE, intake_ladder, sample_cost
 from odb.core.header import HeaderLayout
@@ -32,8 +34,6 @@ from odb.errors import ConfigError, ProtocolError, SampleError
 from odb.integrations import TrainStream, gather_rank_states, micro_steps, own_rank_state, window_weights
 from odb.runtime import merge_states
 from proofs.conformance import check_dir
-
-from mp_harness import ListSampler, Samples, Stream, id_collate, make_lengths, run_ranks, scenario
 from simkit import sim_settings
 
 

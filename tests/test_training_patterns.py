@@ -10,9 +10,8 @@ from collections import Counter
 
 import pytest
 
-from proofs.conformance import assert_conformant
-
 from mp_harness import make_lengths, run_ranks, scenario
+from proofs.conformance import assert_conformant
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +112,6 @@ def _own_shard(rank, world_size, spec):
     import random
 
     import odb
-
     from mp_harness import Samples, id_collate
 
     reads: dict = {}
@@ -161,7 +159,6 @@ def _streams(rank, world_size, spec):
 
     import odb
     import odb.integrations
-
     from mp_harness import ListSampler, Samples, Stream, id_collate
 
     lengths = make_lengths(120, seed=2, lo=2, hi=40)
@@ -227,7 +224,6 @@ def test_an_exchange_with_a_pool_that_cannot_run_is_named_as_passed():
 
 def test_len_of_the_loader_says_what_to_use_instead_and_frameworks_still_see_no_length():
     import odb
-
     from mp_harness import Samples
 
     with odb.ODBDataLoader(Samples([3] * 10), 64) as loader:
@@ -259,9 +255,8 @@ def test_a_batch_without_labels_gets_an_error_naming_them_not_a_key_error(output
 
 def test_a_merged_state_missing_a_key_is_named_not_reported_as_a_changed_dataset():
     import odb
-    from odb.errors import ConfigError
-
     from mp_harness import Samples
+    from odb.errors import ConfigError
 
     with odb.ODBDataLoader(Samples([3] * 20), 64, buffer_size=4) as loader:
         it = iter(loader)
@@ -290,7 +285,6 @@ def test_a_construction_collective_that_fails_at_once_is_not_reported_as_a_timeo
 def _own_dataset_with_sampler(rank, world_size, spec):
     """Each rank its own dataset (of one length) and a sampler over it: the user chose each rank's samples."""
     import odb
-
     from mp_harness import ListSampler, Samples, id_collate
 
     lengths = make_lengths(60, seed=rank + 7, lo=2, hi=40)

@@ -101,9 +101,9 @@ def _loader_epoch(rank: int, world: int) -> dict:
     """One epoch through the loader, PAD mode, uneven shards: rank 0 holds text-only samples and runs out
     first (its last steps are fillers), rank 1 holds image samples."""
     import odb
+    from mp_harness import ListSampler
     from odb.batching import pad_collate, visual_stub
     from odb.integrations import weighted_loss
-    from mp_harness import ListSampler
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(3)

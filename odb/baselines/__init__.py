@@ -24,10 +24,18 @@ says, as data, which need a length cache and which move samples between ranks):
 """
 
 from .kk import karmarkar_karp
+from .offline import (
+                      Schedule,
+                      ScheduleSampler,
+                      batch_lower_bound,
+                      bucketed_max_tokens,
+                      global_max_tokens,
+                      memory_equivalent_batch_size,
+                      standard,
+                      step_lower_bound,
+)
 from .peers import PEERS, Peer, dp_balanced_packing, global_max_tokens_shuffled, hf_rebalance, kk_micro_batches
 from .release import ReleasePolicy
-from .offline import (Schedule, ScheduleSampler, batch_lower_bound, bucketed_max_tokens, global_max_tokens,
-                      memory_equivalent_batch_size, standard, step_lower_bound)
 
 __all__ = ["Schedule", "ScheduleSampler", "standard", "memory_equivalent_batch_size", "global_max_tokens",
            "bucketed_max_tokens", "step_lower_bound", "batch_lower_bound", "ReleasePolicy",

@@ -37,8 +37,8 @@ import heapq
 import math
 import zlib
 from array import array
-from collections import abc
 from bisect import bisect_left
+from collections import abc
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Sequence
 

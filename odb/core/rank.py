@@ -41,8 +41,8 @@ from ..batching.deal import policy_intake, sample_cost, sample_fits
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
-from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .fingerprint import content_digest, equal_groups
+from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .info import LoaderStats, step_info
 from .placement import stage_for
 from .replica import Replicated

@@ -27,14 +27,14 @@ from ..batching.base import AlignmentPolicy
 from ..batching.deal import DealtOrder, Keys, first_lead, intake_ladder
 from ..errors import ConfigError, ProtocolError
 from ..protocol.table import MODES
+from ..settings import LoaderSettings
 from .header import Gathered, HeaderLayout, Post, reduce_posts
-from .placement import check_pool, pool_aheads
 from .info import LOSS_BASES, LoaderStats
+from .placement import check_pool, pool_aheads
 from .rank import RankCore
-from .types import Batch
 from .replica import Replicated
 from .shared import Shared, describe_cost, describe_policy
-from ..settings import LoaderSettings
+from .types import Batch
 
 __all__ = ["SimResult", "simulate", "replay_rank"]
 

@@ -12,8 +12,19 @@ on samples, resumable state) is in ``odb.integrations._common``; this package
 imports only torch, each adapter module imports its framework.
 """
 
-from ._common import (MicroStep, TrainProgress, TrainStream, gather_rank_states, grad_sync, join_context, micro_steps,
-                      own_rank_state, sample_scheduler, weighted_loss, window_weights)
+from ._common import (
+                      MicroStep,
+                      TrainProgress,
+                      TrainStream,
+                      gather_rank_states,
+                      grad_sync,
+                      join_context,
+                      micro_steps,
+                      own_rank_state,
+                      sample_scheduler,
+                      weighted_loss,
+                      window_weights,
+)
 
 __all__ = ["MicroStep", "TrainProgress", "TrainStream", "micro_steps", "window_weights", "sample_scheduler",
            "join_context", "gather_rank_states", "own_rank_state", "weighted_loss", "grad_sync"]

@@ -40,8 +40,15 @@ from typing import Callable, Iterator
 
 import torch
 
-from ._common import (MicroStep, TrainStream, gather_rank_states, join_context, own_rank_state,
-                      sample_scheduler, weighted_loss)
+from ._common import (
+    MicroStep,
+    TrainStream,
+    gather_rank_states,
+    join_context,
+    own_rank_state,
+    sample_scheduler,
+    weighted_loss,
+)
 
 __all__ = ["ODBAccelerate"]
 

@@ -35,15 +35,30 @@ import sys
 import warnings
 
 import torch
-from transformers import (DataCollatorWithPadding, ProgressCallback, Seq2SeqTrainer, Trainer, TrainerCallback,
-                          default_data_collator)
+from transformers import (
+    DataCollatorWithPadding,
+    ProgressCallback,
+    Seq2SeqTrainer,
+    Trainer,
+    TrainerCallback,
+    default_data_collator,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..batching.collate import pad_collate
 from ..errors import ConfigError
 from ..runtime.ledger import merge_states
-from ._common import (TrainProgress, TrainStream, hf_schedule, loader_setting, make_loader, option,
-                      sample_scheduler, weighted_loss, window_weights)
+from ._common import (
+    TrainProgress,
+    TrainStream,
+    hf_schedule,
+    loader_setting,
+    make_loader,
+    option,
+    sample_scheduler,
+    weighted_loss,
+    window_weights,
+)
 
 __all__ = ["ODBTrainerMixin", "ODBTrainer", "ODBSeq2SeqTrainer", "STATE_FILE"]
 

@@ -47,8 +47,16 @@ from typing import Any, Callable
 import lightning.pytorch as pl
 
 from ..errors import ConfigError, SampleError
-from ._common import (MicroStep, TrainProgress, TrainStream, gather_rank_states, make_loader, option, own_rank_state,
-                      sample_scheduler)
+from ._common import (
+    MicroStep,
+    TrainProgress,
+    TrainStream,
+    gather_rank_states,
+    make_loader,
+    option,
+    own_rank_state,
+    sample_scheduler,
+)
 
 __all__ = ["ODBDataModule", "pop_loss_weight", "STEP_KEY"]
 

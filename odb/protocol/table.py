@@ -56,8 +56,25 @@ from dataclasses import fields as dataclass_fields
 from functools import cached_property
 
 from .expr import (
-    Cfg, Const, Expr, Field, Hdr, Input, Let, Param, and_, eq, gt, ite, lt, mn, mx,
-    not_, or_, render, typecheck,
+    Cfg,
+    Const,
+    Expr,
+    Field,
+    Hdr,
+    Input,
+    Let,
+    Param,
+    and_,
+    eq,
+    gt,
+    ite,
+    lt,
+    mn,
+    mx,
+    not_,
+    or_,
+    render,
+    typecheck,
 )
 
 __all__ = [

@@ -9,9 +9,9 @@ _check_identity()  # a clear ImportError if the paper's odb/__init__.py replaced
 
 from ..batching.collate import pad_collate  # the one implementation; re-exported for the loader's users
 from ..core.info import LoaderStats, StepBatch, StepInfo, pop_step_info
+from ..settings import LoaderSettings
 from .ledger import merge_states
 from .loader import ODBDataLoader
-from ..settings import LoaderSettings
 
 __all__ = ["ODBDataLoader", "LoaderSettings", "merge_states", "StepInfo", "StepBatch", "LoaderStats", "pop_step_info",
            "pad_collate"]

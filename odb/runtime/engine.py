@@ -35,6 +35,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+
 from ..batching.deal import intake_ladder
 from ..core.header import Gathered, HeaderLayout, Post
 from ..core.rank import RankCore

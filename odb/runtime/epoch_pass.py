@@ -21,9 +21,9 @@ from ..batching.deal import DealtOrder, Keys, first_lead
 from ..core.info import LOSS_BASES, Receipts, attach_step_info
 from ..core.placement import pool_aheads
 from ..core.rank import START_SAMPLES, RankCore
-from ..core.types import Batch
 from ..core.replica import Replicated
 from ..core.shared import describe_cost
+from ..core.types import Batch
 from ..errors import ConfigError, ProtocolError, SampleError
 from ..protocol.table import DGAP, MODES
 from .engine import CLOSED, FAILED, Engine

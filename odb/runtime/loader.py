@@ -29,11 +29,11 @@ from ..batching.collate import pad_collate
 from ..core.info import LoaderStats
 from ..core.placement import check_pool, placement_label
 from ..errors import ConfigError
+from ..settings import LoaderSettings, settings_help
 from .engine import CLOSED, Engine, header_layout
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
 from .group import LoaderGroup, dataset_probe, group_size, probe_stable
 from .ledger import EpochLedger
-from ..settings import LoaderSettings, settings_help
 from .source import Source, shard_order
 
 __all__ = ["ODBDataLoader"]

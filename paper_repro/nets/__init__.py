@@ -14,7 +14,7 @@ the trainer decides how to normalise (per-rank mean times ODB's loss scale).
 
 from .lm import LMConfig, TinyLM, hf_tiny_lm
 from .lora import LoRALinear, apply_lora, num_trainable
-from .vlm import VLMConfig, TinyVLM, num_visual_tokens
+from .vlm import TinyVLM, VLMConfig, num_visual_tokens
 
 __all__ = ["LMConfig", "TinyLM", "hf_tiny_lm", "VLMConfig", "TinyVLM", "num_visual_tokens",
            "LoRALinear", "apply_lora", "num_trainable"]

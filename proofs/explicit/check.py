@@ -40,7 +40,8 @@ from odb.protocol.table import DGAP, JOIN, QUOTA, Table
 from ..verdict import Verdict
 from .bounds import ROUNDS_CLOSED_FORM, rounds_bound
 from .confluence import POLICIES, check_confluence
-from .crosscheck import METHOD as CROSS_METHOD, cross_check, engines_agree_verdict
+from .crosscheck import METHOD as CROSS_METHOD
+from .crosscheck import cross_check, engines_agree_verdict
 from .explore import MODE_NAMES, Exploration, explore
 from .trace import counterexample
 

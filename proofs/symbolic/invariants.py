@@ -37,7 +37,20 @@ from dataclasses import dataclass
 
 from models.logic import GV, RF, Exists, Forall
 from odb.protocol.expr import (
-    Const, Expr, and_, eq, ge, gt, implies, ite, le, mn, mx, ne, not_, or_,
+    Const,
+    Expr,
+    and_,
+    eq,
+    ge,
+    gt,
+    implies,
+    ite,
+    le,
+    mn,
+    mx,
+    ne,
+    not_,
+    or_,
 )
 from odb.protocol.table import DONE, EMIT, FILL, JOIN, PAD, QUOTA, WAIT
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import z3
 
-from models.properties import Property, antecedent, witness_for
 from models.properties import PROPERTIES as ALL_PROPERTIES
+from models.properties import Property, antecedent, witness_for
 from models.properties import for_mode as properties_for_mode
 from odb.protocol.table import DGAP, DONE, MODES, QUOTA, Table
 from proofs.verdict import Verdict
