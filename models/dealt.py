@@ -87,7 +87,8 @@ class DealtConfig:
     def __str__(self) -> str:
         vals = ",".join("drop" if v == DROP else str(v) for v in self.values)
         w0 = "" if self.W0 is None else f", W0={self.W0}"
-        return f"N={self.n}, P={self.total}, W={self.W}{w0}, aheads={list(self.aheads)}, {self.policy}, values {{{vals}}}"
+        return (f"N={self.n}, P={self.total}, W={self.W}{w0}, aheads={list(self.aheads)}, {self.policy}, "
+                f"values {{{vals}}}")
 
 
 class Replicas:

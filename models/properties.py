@@ -93,7 +93,8 @@ PROPERTIES: tuple[Property, ...] = (
         modes=(PAD, QUOTA), witness="all_done_with_uneven_data"),
     Property(
         "ranks_agree_on_abort", "always",
-        Forall("i", Forall("j", implies(and_(ph_is("i", DONE), ph_is("j", DONE)), eq(f("i", "aborted"), f("j", "aborted"))))),
+        Forall("i", Forall("j", implies(and_(ph_is("i", DONE), ph_is("j", DONE)),
+                                        eq(f("i", "aborted"), f("j", "aborted"))))),
         "finished ranks agree on whether the epoch completed or was aborted (a stopping rank takes every rank "
         "with it in the same round; nobody is left in a collective)",
         witness="an_abort_reaches_a_healthy_rank"),
@@ -111,7 +112,8 @@ PROPERTIES: tuple[Property, ...] = (
         witness="carry_is_held_across_rounds"),
     Property(
         "nothing_left_at_end", "always",
-        Forall("i", implies(and_(ph_is("i", DONE), not_(f("i", "aborted"))), and_(eq(f("i", "buf"), 0), eq(f("i", "src"), 0)))),
+        Forall("i", implies(and_(ph_is("i", DONE), not_(f("i", "aborted"))),
+                            and_(eq(f("i", "buf"), 0), eq(f("i", "src"), 0)))),
         "PAD and JOIN: a rank that finished without an abort has emitted every sample of its shard "
         "(exactly once, with samples_accounted)",
         modes=(PAD, JOIN), witness="all_done_with_uneven_data"),
@@ -153,7 +155,8 @@ PROPERTIES: tuple[Property, ...] = (
              "a rank ends a round with its batches out and samples still held: the carry into the next round "
              "(a refilling rank, FILL with buf >= 1 after round 1, is not one: it may have carried nothing)"),
     Property("an_abort_reaches_a_healthy_rank", "sometimes",
-             Exists("i", Exists("j", and_(ph_is("i", DONE), f("i", "aborted"), eq(f("i", "qt"), 0), eq(f("j", "qt"), 1)))),
+             Exists("i", Exists("j", and_(ph_is("i", DONE), f("i", "aborted"), eq(f("i", "qt"), 0),
+                                          eq(f("j", "qt"), 1)))),
              "a rank that did not stop itself ends the epoch by an abort another rank posted"),
     Property("a_rank_waits_for_a_slow_peer", "sometimes",
              Exists("i", Exists("j", and_(ph_is("i", WAIT), ph_is("j", FILL), eq(f("i", "rd"), f("j", "rd"))))),

@@ -194,10 +194,11 @@ class LoaderSettings:
                               "sampler and shard inside the dataset")
         own = not iterable and self.sampler is None
         if self.placement != AUTO and self.exchange and (self.mode == "join" or not own or self.sharding == "fixed"):
-            raise ConfigError("placement=odb.Exchanged(...) needs mode 'pad' or 'quota' (every rank runs the same steps) "
-                              "and dealt sharding of a map-style dataset without sampler= (a moved batch's positions are "
-                              f"in the global order); got mode={self.mode!r}, sharding={self.sharding!r}" +
-                              (", an IterableDataset" if iterable else ", a sampler" if self.sampler is not None else ""))
+            what = ", an IterableDataset" if iterable else ", a sampler" if self.sampler is not None else ""
+            raise ConfigError("placement=odb.Exchanged(...) needs mode 'pad' or 'quota' (every rank runs the same "
+                              "steps) and dealt sharding of a map-style dataset without sampler= (a moved batch's "
+                              f"positions are in the global order); got mode={self.mode!r}, "
+                              f"sharding={self.sharding!r}{what}")
         if self.sharding == "auto":
             return "dealt" if own else "fixed"
         if self.sharding == "dealt" and not own:
@@ -298,8 +299,9 @@ class LoaderSettings:
         head = [P("self", P.POSITIONAL_OR_KEYWORD), P("dataset", P.POSITIONAL_OR_KEYWORD),
                 P("token_budget", P.POSITIONAL_OR_KEYWORD, default=None),
                 P("collate_fn", P.POSITIONAL_OR_KEYWORD, default=None), P("settings", P.KEYWORD_ONLY, default=None)]
-        return inspect.Signature(head + [P(f.name, P.KEYWORD_ONLY, default=P.empty if f.default is dataclasses.MISSING
-                                           else f.default) for f in dataclasses.fields(cls) if f.name != "token_budget"])
+        return inspect.Signature(head + [
+            P(f.name, P.KEYWORD_ONLY, default=P.empty if f.default is dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(cls) if f.name != "token_budget"])
 
 
 def settings_help() -> str:

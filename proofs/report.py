@@ -280,7 +280,8 @@ def render_table_md(table: Table = DGAP) -> list[str]:
     for r in table.rows:
         eff = r.effect.kind
         if r.effect.kind == "post":
-            eff += "(" + ", ".join(f"{n}={render(e)}" for n, e in r.effect.payload) + f"; shape {render(r.effect.shape)})"
+            posted = ", ".join(f"{n}={render(e)}" for n, e in r.effect.payload)
+            eff += f"({posted}; shape {render(r.effect.shape)})"
         if r.effect.kind == "emit":
             eff += f"({render(r.effect.count)})"
         ups = "; ".join(f"{n} := {render(e)}" for n, e in r.updates) or "-"

@@ -48,9 +48,9 @@ from .base import CostModel, Sizes
 from .cost import BudgetCost
 from .grouping import Group
 
-__all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "sample_fits", "intake_ladder", "intake_sizes", "intake_bound",
-           "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order", "level_order",
-           "Levels"]
+__all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "sample_fits", "intake_ladder", "intake_sizes",
+           "intake_bound", "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order",
+           "level_order", "Levels"]
 
 COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
 
@@ -454,7 +454,8 @@ class Dealer:
     # the per-rank state: arrays, however it is set (a state loaded, a test's)
     dealt = property(lambda self: self._dealt, lambda self, v: setattr(self, "_dealt", _ints(v).copy()))
     reserve = property(lambda self: self._reserve, lambda self, v: setattr(self, "_reserve", _ints(v).copy()))
-    closed = property(lambda self: self._closed, lambda self, v: setattr(self, "_closed", np.array(v, bool).reshape(-1)))
+    closed = property(lambda self: self._closed,
+                      lambda self, v: setattr(self, "_closed", np.array(v, bool).reshape(-1)))
 
     # -- positions ---------------------------------------------------------------
     def _reserved_at(self, p: int) -> bool:

@@ -155,7 +155,8 @@ def aligned_fill(groups: Sequence[Group], window: Sequence[Sizes], cost: CostMod
     i, norm = r.index, B * (1.0 + a * B)
     if not moments:  # what `pack` would have given: each group's sum and sum of squares of its lengths
         lens = [(s[i] if i < len(s) else 0) for s in window]  # once per window: C-level maps per group below
-        moments = [(sum(ls), sum(map(mul, ls, ls))) for ls in (list(map(lens.__getitem__, g.positions)) for g in groups)]
+        moments = [(sum(ls), sum(map(mul, ls, ls)))
+                   for ls in (list(map(lens.__getitem__, g.positions)) for g in groups)]
     elif len(moments) != len(groups):
         raise ValueError(f"{len(moments)} moments for {len(groups)} groups")
     return [_group(Group, (g.positions, g.closed, _within(g.fill, (s + a * q) / norm)))
@@ -565,7 +566,8 @@ class BalancedPolicy(AlignmentPolicy):
         closed = o.closed
         if real <= len(closed):
             return [list(closed[k].positions) for k in self._pick(o, real, summaries, target)]
-        return self._split(window, self._packed(window, cost)[0][:real], real, cost)  # every closed group, then the open one
+        # every closed group, then the open one
+        return self._split(window, self._packed(window, cost)[0][:real], real, cost)
 
     def _split(self, window: Sequence[Sizes], groups: Sequence[Group], real: int, cost: CostModel) -> list[list[int]]:
         """`groups` (with rule 0's fills) split until there are `real` of them, in decreasing fill: the

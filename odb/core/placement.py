@@ -9,7 +9,8 @@ Legend
               r + 1's header) or 3 with the exchange (placed after r + 1, counts posted in r + 2's)
 
 The user chooses it with one setting, ``placement=``: ``"auto"`` (the default: `resolve_placement`, the exchange
-on two ranks or more where it can run), None, `Pooled` or `Exchanged` (values, compared across ranks as resolved).  Each pass then holds one stage, chosen once by the header layout (`stage_for`):
+on two ranks or more where it can run), None, `Pooled` or `Exchanged` (values, compared across ranks as resolved).
+Each pass then holds one stage, chosen once by the header layout (`stage_for`):
 
     `OwnStage`       ``placement=None``: batch k runs on the rank that formed it, at step k of the round.
     `PoolStage`      `Pooled(G)`, pooled windows (G > 1): the G ranks of a pool run one window of G W samples as
@@ -55,8 +56,8 @@ from ..protocol.table import JOIN
 from .header import Header, HeaderLayout, Headers
 from .types import Batch
 
-__all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "placement_label", "resolve_placement", "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for",
-           "check_pool", "pool_rows", "pool_aheads",
+__all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "placement_label", "resolve_placement",
+           "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for", "check_pool", "pool_rows", "pool_aheads",
            "lane_of", "lane_proposal", "lane_steps"]
 
 

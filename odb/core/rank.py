@@ -376,7 +376,8 @@ class RankCore:
         self.local = s.after
         if not self.traced:
             trace = None
-        if s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["exhausted"] and not self._ended:
+        if (s.row == "return_go" and self.mode == JOIN and self.local["buf"] == 0 and self.local["exhausted"]
+                and not self._ended):
             end = self._ended = True  # nothing held, the source exhausted: no more batches (JOIN keeps posting)
         if self.done and self.local["aborted"] and self.status == OK:
             abort_err = self._abort_error(self.local["rd"] - 1)

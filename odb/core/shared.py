@@ -171,7 +171,8 @@ def _canon(v: Any, depth: int = 0) -> str:
     if isinstance(v, (set, frozenset)):
         return "set[" + ", ".join(sorted(_canon(x, depth + 1) for x in v)) + "]"
     if isinstance(v, dict):
-        return "dict[" + ", ".join(sorted(f"{_canon(k, depth + 1)}: {_canon(x, depth + 1)}" for k, x in v.items())) + "]"
+        items = sorted(f"{_canon(k, depth + 1)}: {_canon(x, depth + 1)}" for k, x in v.items())
+        return "dict[" + ", ".join(items) + "]"
     tobytes = getattr(v, "tobytes", None)
     if callable(tobytes) and hasattr(v, "dtype"):  # a numpy array
         return f"array {v.dtype} {tuple(v.shape)} {zlib.crc32(tobytes()):08x}"

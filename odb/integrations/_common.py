@@ -34,7 +34,7 @@ from ..errors import ConfigError
 
 __all__ = ["MicroStep", "window_weights", "micro_steps", "TrainProgress", "TrainStream", "sample_scheduler",
            "join_context", "loader_setting", "gather_rank_states", "own_rank_state", "BASIS_FIELDS", "weighted_loss",
-           "make_loader", "option", "resharded_state", "grad_sync"]
+           "make_loader", "option", "grad_sync"]
 
 # loss_basis -> (local field, global field) of odb.StepInfo
 BASIS_FIELDS = {

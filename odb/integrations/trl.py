@@ -21,11 +21,12 @@ the window weight; progress, the schedule and checkpoints run on samples.  What 
   build a graph-connected zero from the logits; under SFTTrainer that costs a second forward and
   returns logits with no graph (``element 0 of tensors does not require grad``).  SFTTrainer's loss is
   already finite and connected without any label token (it clamps its token count, and its fused
-  head keeps the graph connected when no label is valid), so here the loss is ``loss * weight`` for every micro-batch, fillers
-  included (``odb_finite_loss_without_labels``), and the outputs are never asked for.
+  head keeps the graph connected when no label is valid), so here the loss is ``loss * weight`` for every
+  micro-batch, fillers included (``odb_finite_loss_without_labels``), and the outputs are never asked for.
 * Label counting: SFTTrainer's loss is the shifted causal-LM loss (each sample's targets are
   ``labels[1:]``, in padded and in padding-free batches alike), so the loader must count
-  ``shift_labels=True``: the loader's default; ``False`` (in a dict or a ``LoaderSettings``) is refused, and so is a ``loss_basis`` other than ``"label_tokens"``.
+  ``shift_labels=True``: the loader's default; ``False`` (in a dict or a ``LoaderSettings``) is refused, and so
+  is a ``loss_basis`` other than ``"label_tokens"``.
 * ``padding_free=True`` (or packing with the ``bfd`` strategies): the collator concatenates the
   batch into one row, so a batch costs its tokens, not ``n * longest``: ``cost="packed"`` is the
   default for a dict of ``odb_loader_kwargs`` that sets no ``cost``.

@@ -168,7 +168,8 @@ class PlanReport:
         lines = [head]
         for p in self.predictions:
             mark = "->" if p is self.recommended else "  "
-            lines.append(f"{mark}{p.candidate.label():{w}} {p.steps:8.1f} {p.padding:8.3f} {p.straggler_efficiency:9.3f} "
+            lines.append(f"{mark}{p.candidate.label():{w}} {p.steps:8.1f} {p.padding:8.3f} "
+                         f"{p.straggler_efficiency:9.3f} "
                          f"{p.throughput_vs_gmt:6.3f}x {p.throughput_vs_standard:7.2f}x {p.moved_share:6.1%}")
         return "\n".join(lines)
 

@@ -10,8 +10,8 @@ the largest candidate budget whose worst batch (one row at the longest length, o
 device's memory with `MARGIN` to spare.  On CPU only time is measured, and the report says so.
 
 MODEL: a folder a ``transformers`` causal LM was saved to (loaded with ``local_files_only``), or
-``module:callable`` (the module found from the current directory first) returning a ``torch.nn.Module`` whose ``forward(input_ids=...)`` returns a loss, a tensor,
-or an object with ``.logits`` or ``.loss``.
+``module:callable`` (the module found from the current directory first) returning a ``torch.nn.Module`` whose
+``forward(input_ids=...)`` returns a loss, a tensor, or an object with ``.logits`` or ``.loss``.
 """
 
 from __future__ import annotations

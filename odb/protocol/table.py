@@ -308,7 +308,8 @@ class Table:
 
         collective = {Input(i.name) for i in self.inputs if i.source == "collective"}
         for n, e in self.lets:
-            local = [x for x in reads(e) if isinstance(x, (Field, Param)) or (isinstance(x, Input) and x not in collective)]
+            local = [x for x in reads(e)
+                     if isinstance(x, (Field, Param)) or (isinstance(x, Input) and x not in collective)]
             if local:
                 raise ValueError(f"decision {n!r} reads rank-local values {sorted(map(render, local))}: {render(e)}; "
                                  "a decision may read only collective inputs and cfg, so every rank takes every "
@@ -375,7 +376,8 @@ _INPUTS = (
     InputSpec("max_n", "int", "collective", "largest posted window"),
     InputSpec("min_n", "int", "collective", "smallest posted window"),
     InputSpec("min_pos_n", "int", "collective", "smallest non-empty posted window (W+1 if none)"),
-    InputSpec("proposal", "int", "collective", "the alignment policy's target, a pure function of the gathered headers"),
+    InputSpec("proposal", "int", "collective",
+              "the alignment policy's target, a pure function of the gathered headers"),
 )
 
 _AGGREGATES = (

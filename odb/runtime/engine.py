@@ -232,7 +232,8 @@ class Engine:
         st.exchange_s += time.perf_counter() - t0
         st.exchange_sent += len(out.send)
         st.exchange_received += len(got)
-        st.exchange_bytes, tr.bytes_sent, tr.bytes_received = st.exchange_bytes + tr.bytes_sent + tr.bytes_received, 0, 0
+        st.exchange_bytes += tr.bytes_sent + tr.bytes_received
+        tr.bytes_sent = tr.bytes_received = 0
         return {"send": [[int(q), *map(int, o), list(b.positions)] for q, o, b in out.send],
                 "recv": [[*map(int, o), list(got[tuple(o)].positions)] for _, o in out.expect if tuple(o) in got],
                 "lost": [[*map(int, o)] for _, o in out.expect if tuple(o) not in got]}

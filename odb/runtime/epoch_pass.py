@@ -261,7 +261,8 @@ class Pass:
 
     def _check_weighted(self, end: bool) -> None:
         loader = self._loader
-        if loader.world_size == 1 or self.receipts.taken or not (self._yielded >= UNREAD_LIMIT or end and self._yielded):
+        if (loader.world_size == 1 or self.receipts.taken
+                or not (self._yielded >= UNREAD_LIMIT or end and self._yielded)):
             return
         raise ConfigError(
             f"rank {loader.rank}: {self._yielded} batches and not one StepInfo taken: the loss is not weighted, so "

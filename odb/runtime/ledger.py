@@ -212,7 +212,8 @@ def merge_states(states: Sequence[Mapping] | Mapping) -> dict:
 def _merge_loader_states(states: list) -> dict:
     """`merge_states` of every rank's `ODBDataLoader.state_dict()`."""
     for k, st in enumerate(states):
-        if not isinstance(st, Mapping) or st.get("kind", "rank") != "rank" or st.get("version") not in (3, STATE_VERSION):
+        if (not isinstance(st, Mapping) or st.get("kind", "rank") != "rank"
+                or st.get("version") not in (3, STATE_VERSION)):
             raise ConfigError(f"state {k} is {describe_state(st)} (version "
                               f"{st.get('version') if isinstance(st, Mapping) else None!r}); merge_states takes every "
                               f"rank's own ODBDataLoader.state_dict() (version 3 or {STATE_VERSION}) or "
@@ -233,7 +234,8 @@ def _merge_loader_states(states: list) -> dict:
     for key in ("world_size", "seed", "shuffle", "sharding", "epoch", "mode", "order"):
         vals = {repr(st.get(key)) for st in recs.values()}
         if len(vals) > 1:
-            raise ConfigError(f"the states disagree on {key!r} ({sorted(vals)}); they are not from one run's checkpoint")
+            raise ConfigError(f"the states disagree on {key!r} ({sorted(vals)}); they are not from one run's "
+                              "checkpoint")
     order, sharding, mode = first["order"], first["sharding"], first["mode"]
     if order != "own":
         raise ConfigError(f"cannot merge states of a loader whose samples come from its {order}: a sampler or an "

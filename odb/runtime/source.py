@@ -241,8 +241,8 @@ class Source:
     """This rank's stream of ``(position, index, sample, measure)`` items for one epoch.
 
     Owns one inner DataLoader for the loader's lifetime (so persistent workers
-    persist across epochs), or none without workers and pinning (`_direct`).  `start` begins an epoch; `next` returns the next
-    raw item or None at the end; `remaining` lists the indices not yet pulled
+    persist across epochs), or none without workers and pinning (`_direct`).  `start` begins an epoch; `next`
+    returns the next raw item or None at the end; `remaining` lists the indices not yet pulled
     (map-style only).
     """
 

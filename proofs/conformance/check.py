@@ -420,7 +420,8 @@ def assert_conformant(trace_dir: str, *, allow_abort: bool = False, died: frozen
     """Raise AssertionError unless every run in `trace_dir` conforms; return the row coverage.
 
     With ``allow_abort=False`` a run in which ``return_abort`` fired, or a rank
-    recorded a local error or a failure, is also a failure.  `died` names ranks that were killed on purpose (see `check_run`).
+    recorded a local error or a failure, is also a failure.  `died` names ranks that were killed on purpose (see
+    `check_run`).
     """
     reports = check_dir(trace_dir, died=frozenset(died))
     if not reports:

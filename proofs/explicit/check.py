@@ -226,7 +226,8 @@ def check_scope(scope: Scope, *, table: Table = DGAP, confluence_n_max: int | No
     """All explicit verdicts of `scope` (see the module docstring).
 
     `confluence_n_max` bounds N for the confluence runs (default: the scope's
-    ``confluence_n_max``, else its n_max); confluence runs only without quits.  `log(str)` receives one progress line per run.
+    ``confluence_n_max``, else its n_max); confluence runs only without quits.  `log(str)` receives one progress
+    line per run.
     `cross_check_n_max`: the runs with N up to it are cross-checked with networkx (0: none; needs networkx).
     """
     out = ScopeResult(scope=str(scope))

@@ -184,11 +184,10 @@ def explore(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, symme
             ids = tuple(dict.fromkeys(s[0]))
             key = (ids, s[1], s[2]) if need_globals else ids
             ranks = [rank_of[r] for r in ids]
-            glob, k = None, s[1]
         else:
             key = s
             ranks = list(s.ranks)
-            glob, k = None, s.k
+        glob = None
         if key not in seen_keys:
             seen_keys.add(key)
             sysv = None

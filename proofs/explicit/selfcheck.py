@@ -34,7 +34,8 @@ __all__ = ["fast_matches_model", "symmetry_self_test", "reduction_sound", "selfc
 METHOD = "explicit engine self-check"
 
 
-def fast_matches_model(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, quits: int = 0) -> tuple[int, list]:
+def fast_matches_model(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP,
+                       quits: int = 0) -> tuple[int, list]:
     """(states checked, mismatches[:3]) for every reachable reduced state."""
     r = explore(n, d_max, w, mode, table=table, quits=quits)
     fm, bad = r.fm, []
@@ -50,7 +51,8 @@ def _permute(s: SysState, pi: tuple[int, ...]) -> SysState:
     return SysState(s.table_fields, tuple(s.ranks[p] for p in pi), s.k, s.mb, s.cfg_items)
 
 
-def symmetry_self_test(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP, quits: int = 0) -> tuple[int, list]:
+def symmetry_self_test(n: int, d_max: int, w: int, mode: int, *, table: Table = DGAP,
+                       quits: int = 0) -> tuple[int, list]:
     """(pairs checked, mismatches[:3]) over every reachable unreduced state and every permutation."""
     r = explore(n, d_max, w, mode, table=table, symmetry=False, quits=quits)
     model, bad, pairs = r.model, [], 0
@@ -115,12 +117,13 @@ def selfcheck_verdicts(scopes=SELFCHECK_SCOPES, modes=(0, 1, 2), *, table: Table
                 else:
                     count += figures
                 bad += [(n, x) for x in b]
+            per_n = {k: (v["reduced_states"], v["unreduced_states"]) for k, v in extra.items()}
             detail = (f"{len(bad)} mismatches, first: {bad[0]}" if bad else
                       {"fast_successors_match_model": f"equal on all {count} reachable reduced states",
                        "symmetry_self_test": f"equal on all {count} (state, permutation) pairs",
                        "symmetry_reduction_sound": "same states, sinks, verdicts and longest path "
                                                    f"(reduced/unreduced states per N: "
-                                                   f"{ {k: (v['reduced_states'], v['unreduced_states']) for k, v in extra.items()} })"}[name])
+                                                   f"{per_n})"}[name])
             out.append(Verdict(name, METHOD, scope, m, "failed" if bad else "holds",
                                round(time.perf_counter() - t0, 3), count, None, detail))
     return out

@@ -211,7 +211,8 @@ class Encoder:
                 return self._cfg(node.name)
             if isinstance(node, Param):
                 if node.name not in params:
-                    raise EncodingError(f"parameter {node.name!r} is read where it is not chosen (chosen: {sorted(params)})")
+                    raise EncodingError(f"parameter {node.name!r} is read where it is not chosen "
+                                        f"(chosen: {sorted(params)})")
                 return params[node.name]
             raise EncodingError(f"a rank's row cannot read {node!r}")
         return leaf

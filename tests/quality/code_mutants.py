@@ -247,8 +247,8 @@ MUTANTS: tuple[CodeMutant, ...] = (
     # (dropping `local["exhausted"]` here instead is equivalent: at return_go buf is the posted n, and a rank posts
     # with buf < W only when its source is exhausted or it stops; docs/decisions/2026-12-01-replicated-decisions.md)
     CodeMutant("join_ends_with_a_sample_held", "odb/core/rank.py",
-               'self.local["buf"] == 0 and self.local["exhausted"] and not self._ended:',
-               'self.local["buf"] <= 1 and self.local["exhausted"] and not self._ended:',
+               'self.local["buf"] == 0 and self.local["exhausted"]',
+               'self.local["buf"] <= 1 and self.local["exhausted"]',
                (G + "test_join_mode_emits_every_sample_whatever_the_last_window_holds",),
                "a JOIN rank ends its iterator while its window still holds a sample"),
     # -- elastic resume ------------------------------------------------------------------------------------------
