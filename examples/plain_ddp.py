@@ -67,7 +67,8 @@ def main() -> None:
     p = stream.progress
     print(f"rank {loader.rank}: {p.samples} samples, {p.optimizer_steps} optimizer steps, {p.epoch} epochs, "
           f"fillers {loader.stats.fillers}, last loss {out.loss.item():.3f}"
-          + (f", batches moved out/in {loader.stats.exchange_sent}/{loader.stats.exchange_received}" if a.exchange else ""))
+          + (f", batches moved out/in {loader.stats.exchange_sent}/{loader.stats.exchange_received}"
+             if a.exchange else ""))
     loader.close()
     if dist.is_initialized():
         del model  # DDP holds the group; free it before the group goes (a gloo work freed at exit aborts)

@@ -3,7 +3,8 @@
 Writes ``paper_repro/results/quality_sim_<yyyymm>.md`` and ``.json``.  Every ODB and release-algorithm figure comes from
 `odb.core.sim`: the runtime's RankCore per rank (ranks driven through the DGAP table, PAD mode); GMT, BMT and Standard
 come from `odb.baselines` on the same lengths, and so do the peers re-implemented from their public descriptions
-(`odb.baselines.peers.PEERS`: shuffled GMT, HF's BatchRebalanceSampler, Megatron's DP-balanced packing, KK).  Methods: ``odb`` (the default policy) and ``release_reimpl`` run on
+(`odb.baselines.peers.PEERS`: shuffled GMT, HF's BatchRebalanceSampler, Megatron's DP-balanced packing, KK).
+Methods: ``odb`` (the default policy) and ``release_reimpl`` run on
 fixed, DistributedSampler-style strided shards; ``odb_dealt`` is the same policy with dealt shards:
 `odb.batching.deal.Dealer` deals positions of the one global order to the ranks as they consume them, from measured
 costs (each rank topped up to its per-round need, as the runtime does: `odb.core.sim`), so the fixed shards' ceiling

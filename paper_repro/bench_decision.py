@@ -36,7 +36,8 @@ batches across the N ranks, `odb.batching.exchange.plan_origins` and this rank's
 (the EMIT/FILL rows before the post: per-sample work, counted in the loader's CPU per sample).  Each part also
 gives each round's median over the passes
 (``round_medians_ms``), so a p99 is traced to the round it comes from.  Decoding the headers grows with N;
-the loss counts are reduced, not gathered (`odb.core.header`); `paper_repro.bench_runtime.collective_scaling` times the collective itself.
+the loss counts are reduced, not gathered (`odb.core.header`);
+`paper_repro.bench_runtime.collective_scaling` times the collective itself.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from odb.settings import LoaderSettings
 from .bench_metrics import metrics
 from .distributions import DISTRIBUTIONS, sample_lengths
 
-__all__ = ["grid", "run_config", "point", "Point", "schedules", "OFFLINE", "SIMULATED", "release_points", "measure_release_package", "decision_microbench", "Method",
-           "METHODS"]
+__all__ = ["grid", "run_config", "point", "Point", "schedules", "OFFLINE", "SIMULATED", "release_points",
+           "measure_release_package", "decision_microbench", "Method", "METHODS"]
 
 
 class Method(NamedTuple):
@@ -119,7 +119,8 @@ def schedules(pt: Point, world: int, window: int, methods: Sequence[str], target
             # the paper's ODB: no exchange, every round a full window (the default: defaults_grid)
             setting = LoaderSettings(token_budget=None, cost=cost, buffer_size=window, policy=policy,
                                      placement=None, first_window=None)
-            if name == "odb_dealt":  # positions of the one global order `sizes`, dealt to the ranks as they consume them
+            # positions of the one global order `sizes`, dealt to the ranks as they consume them
+            if name == "odb_dealt":
                 sim = simulate([[] for _ in range(world)], setting, deal=sizes)
                 rows, row_sizes = sim.batches, sizes
             else:
@@ -200,7 +201,8 @@ def measure_release_package(python: str, dist: str, world: int, window: int, bud
         driver = Path(__file__).resolve().parent / "release_driver.py"
         try:
             subprocess.run([python, str(driver), job, res], timeout=timeout_s, check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
             out = json.load(open(res))
         except (subprocess.TimeoutExpired, OSError, ValueError) as e:
             return {"error": f"{type(e).__name__}: {e}"}

@@ -346,10 +346,12 @@ def main(out_dir) -> dict:
     for r in figures["collective"]["runs"]:
         print(f"round collective: N={r['world_size']:>2} W={r['window']:>4} {r['mode']:>6}"
               f"{' (runtime)' if r['runtime'] else ''} ({r['header_ints']} + {r['reduced_ints']} ints): round "
-              f"{r['ms_per_round_median']:.2f} ms (p90 {r['ms_per_round_p90']:.2f}), decode {r['decode_ms_median']:.2f} ms")
+              f"{r['ms_per_round_median']:.2f} ms (p90 {r['ms_per_round_p90']:.2f}), "
+              f"decode {r['decode_ms_median']:.2f} ms")
     for m in figures["collective"]["model"]:
         print(f"round collective, MODEL (not measured): N={m['world_size']} W={m['window']}: gather "
-              f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, {m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
+              f"{m['gather_ms']:.1f} ms, decode {m['decode_ms']:.1f} ms, "
+              f"{m['bytes_in_per_rank'] / 1e6:.1f} MB in per rank")
     for d in (figures[k] for k in DECISIONS):
         x = f" exchange slack={d['exchange_slack']}" if d.get("exchange") else ""
         print(f"decision, one rank of N={d['world']} W={d['window']} pool_size={d['pool_size']}{x} ({d['samples']} "

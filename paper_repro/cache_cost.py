@@ -76,8 +76,8 @@ def price_pipelines(num: int = 256, repeats: int = 5, seed: int = 0) -> dict:
             t = time.perf_counter()
             tokens = sum(sample_len(ds[i]) for i in idx)
             passes.append((time.perf_counter() - t) * 1e3 / num)
-        out[name] = {"ms": min(passes), "med": statistics.median(passes), "lo": min(passes), "hi": max(passes), "num": num,
-                     "mean_len": tokens / num, "what": what}
+        out[name] = {"ms": min(passes), "med": statistics.median(passes), "lo": min(passes), "hi": max(passes),
+                     "num": num, "mean_len": tokens / num, "what": what}
     return out
 
 

@@ -34,8 +34,8 @@ import numpy as np
 from odb.plan.stepmodel import H20_2B, Plan, StepModel, _rank_batch, odb_reduced_bytes, odb_round_latency  # noqa: F401
 from odb.plan.stepmodel import predict as simulate  # noqa: F401
 
-__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "simulate_variable", "protocol_cost", "odb_reduced_bytes", "odb_round_latency",
-           "standard_plan", "plan_stats"]
+__all__ = ["StepModel", "H20_2B", "Plan", "simulate", "simulate_variable", "protocol_cost", "odb_reduced_bytes",
+           "odb_round_latency", "standard_plan", "plan_stats"]
 
 def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, accum: int = 4, num_rounds: int = 0,
                       round_s: float = 0.0, collate: str = "pad") -> dict:
@@ -44,7 +44,8 @@ def simulate_variable(plan: Plan, world_size: int, model: StepModel = H20_2B, ac
     has to match); in each optimizer step a rank runs at least one, and the next one while that brings its
     sum nearer to `accum` mean batches of compute (the epoch's mean over every real batch).  A step lasts as
     long as its largest per-rank sum, plus the all-reduce less what hides behind the step's largest
-    micro-batch (`simulate` hides it behind each rank's last one: a slightly larger overlap here).  One budget-full micro-batch is about
+    micro-batch (`simulate` hides it behind each rank's last one: a slightly larger overlap here).
+    One budget-full micro-batch is about
     1 / `accum` of a step, so the counts quantize what they balance.  Returns seconds, samples, samples/s,
     straggler efficiency (mean over steps of mean / max per-rank sum) and the optimizer steps."""
     streams: list[list[float]] = [[] for _ in range(world_size)]

@@ -108,8 +108,9 @@ def run(results_dir: str = RESULTS, out: str | None = None, limit: int | None = 
             res = json.load(f)
     for k in [k for k, row in res["rows"].items() if row.get("first_window") != FIRST_WINDOW]:
         res.setdefault("previous", {})[k] = res["rows"].pop(k)  # an earlier default's row
-    res["stamp"] = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "odb",
-                                                                          "paper_repro", ":(exclude)paper_repro/results"))}
+    res["stamp"] = {"commit": git("rev-parse", "HEAD"),
+                    "dirty": bool(git("status", "--porcelain", "--", "odb", "paper_repro",
+                                      ":(exclude)paper_repro/results"))}
     todo = [r for r in grid_points(results_dir) if _key(r) not in res["rows"]][:limit]
     for i, r in enumerate(todo):
         res["rows"][_key(r)] = default_point(r)
@@ -208,7 +209,8 @@ def _first_windows(res: dict, pts: list[dict]) -> list[str]:
     out += [f"- predicted throughput {min(ratio):.4f}-{max(ratio):.4f} x full windows' (within 1% at "
             f"{sum(v >= 0.99 for v in ratio)}/{len(both)}); steps {min(steps):.4f}-{max(steps):.4f} x; straggler "
             f"efficiency {min(dst):+.4f} to {max(dst):+.4f}",
-            f"- samples a rank reads before its first batch, in windows of the point's W: {min(wait):.3f}-{max(wait):.3f} "
+            "- samples a rank reads before its first batch, in windows of the point's W: "
+            f"{min(wait):.3f}-{max(wait):.3f} "
             "(with full windows at least 1: round 0 fills a whole window)"]
     worst = min(zip(ratio, both), key=lambda x: x[0])
     if worst[0] < 0.99:
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         st = res["stamp"]
         with open(md, "w") as f:
             f.write(f"# The default configuration at the committed grid points\n\nCommand: "
-                    f"{res.get('command', '`python -m paper_repro.defaults_grid --run`')}; {time.strftime('%Y-%m-%d')}; "
+                    f"{res.get('command', '`python -m paper_repro.defaults_grid --run`')}; "
+                    f"{time.strftime('%Y-%m-%d')}; "
                     f"commit {str(st['commit'])[:10]}"
                     f"{' (dirty)' if st['dirty'] else ''}; {sum(r['sim_s'] for r in res['rows'].values()):.0f} s of "
                     "simulation on one core.\n\n" + "\n".join(lines) + "\n")

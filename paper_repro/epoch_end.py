@@ -104,8 +104,8 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
                 first.append(rnd)
         return False
 
-    sim = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window, placement=None,
-                                                             first_window=None),
+    sim = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window,
+                                                             placement=None, first_window=None),
                    deal=pt.sizes, on_round=on_round)
     _exactly_once(sim.batches, len(pt.sizes), f"epoch end {dist} N={world} W={window}")
     m = metrics(sim.batches, pt.sizes, pt.cost)
@@ -149,7 +149,8 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
                equal_straggler=metrics(eq, pt.sizes, pt.cost)["straggler_eff"])
     # the second prototype: another rule 1, its own run of the same lengths
     fl = simulate([[] for _ in range(world)], LoaderSettings(token_budget=None, cost=pt.cost, buffer_size=window,
-                                                             policy=flow_until_all(), placement=None, first_window=None),
+                                                             policy=flow_until_all(), placement=None,
+                                                             first_window=None),
                deal=pt.sizes)
     _exactly_once(fl.batches, len(pt.sizes), f"flow until all {dist} N={world} W={window}")
     out.update(flow_straggler=metrics(fl.batches, pt.sizes, pt.cost)["straggler_eff"],

@@ -40,7 +40,8 @@ PROTOCOL = (
     "samples per optimizer step / world size) (Adam square-root scaling), identical for every method. Standard "
     "runs as the paper's recipes run it: per-device batch 1 with gradient accumulation, the accumulation chosen "
     "before it runs as round(ODB pad's mean global samples per optimizer step / world size), measured on ODB pad "
-    "in the workload's round-0 job, where it runs first (DDP no_sync on accumulated micro-batches, one all-reduce per optimizer step). So "
+    "in the workload's round-0 job, where it runs first (DDP no_sync on accumulated micro-batches, one all-reduce "
+    "per optimizer step). So "
     "at equal samples seen, ODB and Standard have taken about the same number of optimizer steps at the same "
     "learning rate. Standard without accumulation (one optimizer step per sample) is reported beside it for "
     "reference where it runs. Validation loss per label token at the end of the last epoch, equal samples seen "
@@ -240,7 +241,8 @@ def _cache_section(runs: list[dict], prices: dict) -> list[str]:
                                   for k in ("loop", "amortized", "one_epoch")) + " |")
     lines += ["", "Extrapolated to the paper's scale (arithmetic on our measured per-sample cost, not a measurement): "
               "at the paper's ODB throughput R on G GPUs, a pass by P processes at c s per sample is c*R/P of one "
-              f"epoch, whatever the split's size; the seconds are for {' and '.join(f'{n:,}' for n in cache_cost.PAPER_SIZES)} "
+              "epoch, whatever the split's size; the seconds are for "
+              f"{' and '.join(f'{n:,}' for n in cache_cost.PAPER_SIZES)} "
               "samples (the issue's range for the paper's splits) with one process per GPU.", "",
               "| paper figure | R samples/s | G | c ms (pipeline) | share of one epoch, P = G | P = 4 G (the recipes' "
               "workers) | pass s, P = G | one epoch s | break-even c (pass = one epoch, P = G) |",
@@ -393,7 +395,8 @@ def first_batch_section(outdir: str) -> list[str]:
     name = os.path.basename(files[-1])
     return ["", f"## The first batch's wait: the default, full first windows, the paper's loader (`{name}`)", "",
             f"`python -m paper_repro.bench_first_batch` (`make bench-first-batch`), {res['date']}, {res['ms']} ms of "
-            f"preprocessing a sample, 6 windows a rank, the median of {res.get('repeats', 3)} alternating passes, 1-min load average "
+            f"preprocessing a sample, 6 windows a rank, the median of {res.get('repeats', 3)} alternating passes, "
+            "1-min load average "
             f"{res['load_average_1min']:.1f}:", "", *bench_first_batch.lines(res)]
 
 
@@ -406,7 +409,8 @@ def _odb_vs_gmt_one_epoch(run, prices) -> dict | None:
         g = gm.get(o["round"])
         if g is not None:
             cache = charged if charged is not None else g["setup_s"]
-            vals.append(o["samples_per_s"] / cache_cost.views(g["samples"], s["epochs"], g["wall_s"], cache)["one_epoch"])
+            vals.append(o["samples_per_s"]
+                        / cache_cost.views(g["samples"], s["epochs"], g["wall_s"], cache)["one_epoch"])
     return st.spread(vals)
 
 
@@ -434,11 +438,13 @@ def _paper_rows(runs, sim, prices) -> list[str]:
             rr = [r for r in sim["rows"] if r["world_size"] == n]
             if rr:
                 rows.append(f"| ODB vs Standard, predicted N={n} (mean +- sd over seeds) | {PAPER[key]} | " +
-                            ", ".join(f"{r['dist']} {r['odb_pad_vs_standard']:.2f}+-{r.get('odb_pad_vs_standard_sd', 0):.2f}x"
+                            ", ".join(f"{r['dist']} {r['odb_pad_vs_standard']:.2f}"
+                                      f"+-{r.get('odb_pad_vs_standard_sd', 0):.2f}x"
                                       for r in rr) + " |")
         mm = [r for r in sim["rows"] if r["dist"] == "mmmix" and r["world_size"] == 16]
         if mm:
-            rows.append(f"| MM-Mix, predicted N=16 | {PAPER['mmmix_vs_standard']} | {mm[0]['odb_pad_vs_standard']:.2f}x |")
+            rows.append(f"| MM-Mix, predicted N=16 | {PAPER['mmmix_vs_standard']} | "
+                        f"{mm[0]['odb_pad_vs_standard']:.2f}x |")
         rows.append(f"| ODB vs GMT, predicted N=8 | {PAPER['vs_gmt_bmt']} | " + ", ".join(
             f"{r['dist']} {r['odb_vs_gmt']:.2f}x" for r in sim["rows"] if r["world_size"] == 8) + " |")
     rows.append(f"| ODB vs GMT, measured (no length cache charged) | {PAPER['vs_gmt_bmt']} | " +
@@ -449,8 +455,8 @@ def _paper_rows(runs, sim, prices) -> list[str]:
 
 
 def _headline(runs) -> list[str]:
-    lines = ["| workload (paper CV) | ODB pad / Std-1 | GMT / Std-1 | BMT / Std-1 | ODB pad / GMT | ODB pad samples/s | "
-             "Std-1 samples/s | val loss ODB / Std-1 |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload (paper CV) | ODB pad / Std-1 | GMT / Std-1 | BMT / Std-1 | ODB pad / GMT | "
+             "ODB pad samples/s | Std-1 samples/s | val loss ODB / Std-1 |", "|---|---|---|---|---|---|---|---|"]
     for run in runs:
         ms = list(run["methods"])
         rs, res = st.ratios(run, BASE, ms), None
@@ -542,7 +548,8 @@ def _summary(runs, sim, full, elapsed_s, load, prices, previous, phases, budget,
     summ += ["## Time before the first batch", "",
              "Included in the loop's wall time, reported apart: ODB fills its first window (and runs its first "
              "round) at every epoch start; GMT/BMT pay the length cache once before training (next section).", "",
-             "| workload | method | first batch s (epoch 0) | all epochs' first batches s | setup s (cache, measured) |",
+             "| workload | method | first batch s (epoch 0) | all epochs' first batches s | "
+             "setup s (cache, measured) |",
              "|---|---|---|---|---|"]
     for run in runs:
         for m in run["methods"]:
@@ -558,8 +565,10 @@ def _summary(runs, sim, full, elapsed_s, load, prices, previous, phases, budget,
              "| criterion | ours | verdict |", "|---|---|---|"]
     summ += [f"| {a} | {b} | {c} |" for a, b, c in targets(runs, sim)]
     if len(cv_pts) > 1:
-        summ.append(f"| measured (not a target): ODB pad / Std-1 along CV {', '.join(f'{x:g}' for x, _ in sorted(cv_pts, key=lambda p: p[0]))} | "
-                    + ", ".join(st.fmt(s, 2, "x") for _, s in sorted(cv_pts, key=lambda p: p[0])) + f" | {st.ordering(cv_pts)} |")
+        summ.append("| measured (not a target): ODB pad / Std-1 along CV "
+                    f"{', '.join(f'{x:g}' for x, _ in sorted(cv_pts, key=lambda p: p[0]))} | "
+                    + ", ".join(st.fmt(s, 2, "x") for _, s in sorted(cv_pts, key=lambda p: p[0]))
+                    + f" | {st.ordering(cv_pts)} |")
     summ += [""] + _compare_section(previous, runs, ratios_only=True)
     summ += ["", "## How far to trust these numbers", "",
              "- Every ratio above is a median over interleaved rounds with its min-max; one marked " + NR + " says "
@@ -591,13 +600,16 @@ def _sim_tables(sim: dict) -> list[str]:
              "straggler eff Std / GMT / ODB | pad frac GMT / ODB |", "|" + "---|" * 12]
     for r in sim["rows"] + [{**r, "dist": f"{r['dist']} @mean {r['mean_len']:g}"} for r in sim.get("control", [])]:
         lines.append(f"| {r['dist']} | {r['cv']:.2f} | {r['world_size']} | {r['samples']} | "
-                     f"{r['standard']['samples_per_s']:.1f} | {r['gmt_vs_standard']:.2f} | {r['bmt_vs_standard']:.2f} | "
+                     f"{r['standard']['samples_per_s']:.1f} | {r['gmt_vs_standard']:.2f} | "
+                     f"{r['bmt_vs_standard']:.2f} | "
                      f"{r['odb_pad_vs_standard']:.2f} +- {r.get('odb_pad_vs_standard_sd', 0):.2f} | "
                      f"{r['odb_vs_gmt']:.2f} | {r['odb_pad']['rounds']:.1f} | "
                      f"{r['standard']['straggler_eff']:.2f} / {r['gmt']['straggler_eff']:.2f} / "
-                     f"{r['odb_pad']['straggler_eff']:.2f} | {r['gmt']['pad_frac']:.2f} / {r['odb_pad']['pad_frac']:.2f} |")
+                     f"{r['odb_pad']['straggler_eff']:.2f} | {r['gmt']['pad_frac']:.2f} / "
+                     f"{r['odb_pad']['pad_frac']:.2f} |")
     lines += ["", "Protocol traffic per round (window 1024, int64):", "",
-              "| N | release bytes/rank | ODB bytes/rank | release all-gather s | ODB all-gather s |", "|---|---|---|---|---|"]
+              "| N | release bytes/rank | ODB bytes/rank | release all-gather s | ODB all-gather s |",
+              "|---|---|---|---|---|"]
     for p in sim["protocol"]:
         lines.append(f"| {p['world_size']} | {p['release_bytes']} | {p['odb_bytes']} | {p['release_latency_s']:.2e} | "
                      f"{p['odb_latency_s']:.2e} |")

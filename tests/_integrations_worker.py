@@ -231,7 +231,8 @@ def run_plain(out_dir: str) -> dict:
 
     def run(key, net, model, opt, loader, stream, sched, stop_after=None, on_stop=None):
         epoch_iter = stream.epoch
-        sync_ctx = (lambda ms: contextlib.nullcontext() if ms.sync or world == 1 else model.no_sync())
+        def sync_ctx(ms):
+            return contextlib.nullcontext() if ms.sync or world == 1 else model.no_sync()
         loop(rec, key, epoch_iter, model, net, opt, sched, lambda loss, ms: (loss * ms.loss_weight).backward(),
              sync_ctx, lambda: join_context(model, loader), stream.progress, lambda: stream.done,
              stop_after, on_stop)

@@ -56,7 +56,8 @@ def test_visual_inputs_are_joined_as_vision_towers_read_them():
     for fn in (pad_collate, packed_collate):
         out = fn(patches)
         assert out["pixel_values"].shape == (20, 6) and out["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
-    images = [{"input_ids": [1], "pixel_values": torch.zeros(3, 8, 8)}, {"input_ids": [2, 3], "pixel_values": torch.zeros(3, 8, 8)}]
+    images = [{"input_ids": [1], "pixel_values": torch.zeros(3, 8, 8)},
+              {"input_ids": [2, 3], "pixel_values": torch.zeros(3, 8, 8)}]
     assert pad_collate(images)["pixel_values"].shape == (2, 3, 8, 8)
     with pytest.raises(SampleError, match="share a shape"):
         pad_collate([images[0], {"input_ids": [2], "pixel_values": torch.zeros(3, 4, 4)}])

@@ -553,7 +553,8 @@ def test_the_attention_term_weighs_one_long_sample_above_many_short_ones_of_the_
         assert lf == pytest.approx(1.0) and sf == pytest.approx((1 + 1024 / 24576) / (1 + 8192 / 24576))
         assert [g.fill for g in aligned_fill([long_, short], w, cost, 0.0)] == [1.0, 1.0]
     a, mixed = 1 / 24576, [(1000,), (500,)]  # padded: both rows padded to 1000; packed: each its own length
-    for kind, weight in (("padded", 2 * 1000 * (1 + 1000 * a)), ("packed", 1000 * (1 + 1000 * a) + 500 * (1 + 500 * a))):
+    for kind, weight in (("padded", 2 * 1000 * (1 + 1000 * a)),
+                         ("packed", 1000 * (1 + 1000 * a) + 500 * (1 + 500 * a))):
         c = _cost(kind, 8192)
         got = aligned_fill([Group((0, 1), True, c.utilisation(mixed))], mixed, c, a)[0].fill
         assert got == pytest.approx(weight / (8192 * (1 + 8192 * a)))

@@ -148,7 +148,8 @@ def test_an_exchanging_rank_replayed_alone_receives_what_the_simulation_moved_an
     settings = sim_settings(cost, window, pool=pool, exchange=True, slack_bp=slack)
 
     def on_moved(k, m):
-        moved.append({c: {o: (b.positions, b.indices, b.sizes, b.counts) for o, b in got.items()} for c, got in m.items()})
+        moved.append({c: {o: (b.positions, b.indices, b.sizes, b.counts) for o, b in got.items()}
+                      for c, got in m.items()})
     res = simulate([[] for _ in range(world)], settings, deal=sizes, on_round=lambda k, p: posts.append(list(p)),
                    on_moved=on_moved)
     assert res.moved > 0 and len(moved) == res.rounds == len(posts)

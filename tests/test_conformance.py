@@ -218,7 +218,8 @@ def assert_tamper_rejected(traces, tmp_path, rank, tamper, words):
     assert any(w in p for p in report.problems for w in alternatives), report.problems
 
 
-@pytest.mark.parametrize("rank, tamper, words", ABORT_TAMPERS, ids=[f"{t[1].__name__}_rank{t[0]}" for t in ABORT_TAMPERS])
+@pytest.mark.parametrize("rank, tamper, words", ABORT_TAMPERS,
+                         ids=[f"{t[1].__name__}_rank{t[0]}" for t in ABORT_TAMPERS])
 def test_a_tampered_abort_trace_is_rejected(abort_traces, tmp_path, rank, tamper, words):
     assert_tamper_rejected(abort_traces, tmp_path, rank, tamper, words)
 

@@ -27,7 +27,8 @@ def test_a_header_decodes_to_the_fields_it_was_encoded_from(w, data):
     lay = HeaderLayout(3, w, len(intake_ladder(w)))
     ints = st.integers(-2**40, 2**40)
     parts = dict(st=data.draw(ints), round=data.draw(ints), n=data.draw(ints), epoch=data.draw(ints),
-                 digest=data.draw(st.lists(ints, min_size=3, max_size=3)), summary=data.draw(st.lists(ints, min_size=3, max_size=3)),
+                 digest=data.draw(st.lists(ints, min_size=3, max_size=3)),
+                 summary=data.draw(st.lists(ints, min_size=3, max_size=3)),
                  taken=data.draw(ints), cost=data.draw(ints), dry=data.draw(ints), reserve=data.draw(ints),
                  intake=data.draw(st.lists(ints, min_size=lay.ladder_len, max_size=lay.ladder_len)))
     row = lay.encode(**parts)
@@ -242,7 +243,8 @@ def test_loader_settings_validate_and_unknown_names_list_the_valid_ones():
         LoaderSettings.from_kwargs({"token_budget": 64, "bufer_size": 8})
     with pytest.raises(ConfigError, match="the mapping holds the budgets"):
         LoaderSettings(token_budget=64, cost={"tokens": 64, "patches": 32})
-    assert LoaderSettings(token_budget=None, cost={"tokens": 64, "patches": 32}).cost_and_policy()[0].budgets == (64, 32)
+    assert LoaderSettings(token_budget=None,
+                          cost={"tokens": 64, "patches": 32}).cost_and_policy()[0].budgets == (64, 32)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.mode = "join"
 
@@ -279,7 +281,8 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
         seen, traces = [], []
         while not c.done:
             o = c.collect(reduce_posts([o.post])) if c.waiting else c.step(lambda: 0)
-            seen.append((o.step.row if o.step else None, o.post, [list(b.positions) for b in o.release if not b.filler]))
+            seen.append((o.step.row if o.step else None, o.post,
+                         [list(b.positions) for b in o.release if not b.filler]))
             traces.append(o.trace)
         return seen, traces
 

@@ -40,7 +40,8 @@ def _epoch(total, world, window, drop_every, seed_bits):
             d.deal(*gathered)
         assert len({repr(d.dealer.state_dict()) for d in reps}) == 1
         for r, d in enumerate(reps):
-            assert not (len(d.keys) > before[r] and ended[r]), f"rank {r} was dealt {d.keys[before[r]:]} after its source ended"
+            assert not (len(d.keys) > before[r] and ended[r]), (
+                f"rank {r} was dealt {d.keys[before[r]:]} after its source ended")
     given_out = sorted(k[0] for d in reps for k in d.keys)
     return given_out, reps[0].dealer, [d.dry for d in reps]
 

@@ -181,7 +181,8 @@ def test_every_ranks_train_stream_state_merged_by_merge_states_resumes_a_plain_l
     behind = {**states[1], "progress": {**states[1]["progress"], "optimizer_steps": 2}}
     with pytest.raises(ConfigError, match=r"disagree on the training progress.*save every rank's state after the same"):
         merge_states([states[0], behind] + states[2:])
-    with pytest.raises(ConfigError, match=rf"written by {n} ranks: ranks \[{', '.join(map(str, range(1, n)))}\] missing"):
+    with pytest.raises(ConfigError,
+                       match=rf"written by {n} ranks: ranks \[{', '.join(map(str, range(1, n)))}\] missing"):
         merge_states(states[:1])
     with pytest.raises(ConfigError, match=r"different kinds \(state 0: rank 0's TrainStream.state_dict\(\) of "
                        rf"{n} ranks; state 1: rank 1's ODBDataLoader.state_dict\(\)"):
@@ -331,7 +332,8 @@ def test_torchrun_on_two_nodes_checkpoints_and_a_restart_on_three_nodes_resumes_
     for nodes, phase in ((2, "save"), (3, "resume")):
         spec = {**base, "phase": phase, **({"save_at": 4} if phase == "save" else {})}
         script = tmp_path / f"{phase}.py"
-        script.write_text(ELASTIC_JOB.format(tests=str(Path(__file__).parent), spec=json.dumps(spec), out=str(tmp_path)))
+        script.write_text(ELASTIC_JOB.format(tests=str(Path(__file__).parent), spec=json.dumps(spec),
+                                             out=str(tmp_path)))
         _torchrun_nodes(str(script), nodes)
     steps = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("steps_*.json"))]
     assert len(steps) == 5  # 2 ranks, then 3

@@ -35,7 +35,8 @@ def test_the_full_run_says_so_and_exits_2_without_cuda(monkeypatch, capsys):
 
 def test_the_gpu_path_imports_neither_z3_nor_the_proofs():
     code = ("import sys, paper_repro.gpu, paper_repro.sources, paper_repro.data, odb.baselines.peers, odb.batching; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('z3', 'proofs', 'models', 'networkx', 'hypothesis')]; "
+            "bad = [m for m in sys.modules "
+            "if m.split('.')[0] in ('z3', 'proofs', 'models', 'networkx', 'hypothesis')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 

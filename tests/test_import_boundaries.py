@@ -8,7 +8,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["odb", "odb.protocol", "odb.batching", "odb.core", "models.env", "models.properties"])
+@pytest.mark.parametrize("module", ["odb", "odb.protocol", "odb.batching", "odb.core", "models.env",
+                                    "models.properties"])
 def test_module_imports_neither_torch_nor_z3_nor_networkx(module):
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'z3', 'networkx') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

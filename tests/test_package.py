@@ -37,7 +37,8 @@ def _foreign_odb(tmp_path):
 def test_a_foreign_odb_init_is_named_at_import(tmp_path):
     where = _foreign_odb(tmp_path)
     for sub in ("odb.batching", "odb.core", "odb.runtime"):
-        code = f"import sys; sys.path.insert(0, {str(where)!r}); import odb; assert odb.__file__.startswith({str(where)!r}); import {sub}"
+        code = (f"import sys; sys.path.insert(0, {str(where)!r}); import odb; "
+                f"assert odb.__file__.startswith({str(where)!r}); import {sub}")
         out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, cwd=where)
         assert out.returncode != 0 and "AssertionError" not in out.stderr, (sub, out.stderr)
         assert "is not ODB (odb-verified)" in out.stderr and "online-dynamic-batching" in out.stderr, out.stderr

@@ -149,7 +149,8 @@ def test_an_epoch_that_misses_the_balance_target_says_once_what_a_larger_window_
     (hint,), others = res[0].value, res[1].value
     assert not others  # rank 0 only, once per loader
     assert "buffer_size=8 (now): token balance" in hint and "buffer_size=16:" in hint and "buffer_size=32:" in hint
-    assert "placement='auto' (the default: the round exchange) at buffer_size=8: token balance" in hint  # run without it
+    # run without it
+    assert "placement='auto' (the default: the round exchange) at buffer_size=8: token balance" in hint
 
 
 def _hint_loader(world_size, buffer_size, cost="padded", placement=None):
@@ -420,7 +421,8 @@ def test_the_recommendation_says_best_when_it_is_the_best_budget_not_the_smalles
     r = plan(LENGTHS, world_size=2, budgets=[64, 256, 1024], windows=[64])
     first = r.why[0]
     best = max(p.throughput_vs_standard for p in r.predictions)
-    chosen = max(p.throughput_vs_standard for p in r.predictions if p.candidate.token_budget == r.recommended.candidate.token_budget)
+    chosen = max(p.throughput_vs_standard for p in r.predictions
+                 if p.candidate.token_budget == r.recommended.candidate.token_budget)
     if chosen == best:
         assert "the best predicted throughput" in first and "smallest budget within 5%" not in first
     else:

@@ -121,7 +121,8 @@ def test_with_the_exchange_pool_rows_compare_the_fills_the_plan_reads_and_no_oth
 def test_pool_rows_name_the_diverged_rank_behind_a_stopping_pool():
     # pool 0 stops (its lanes may differ), pool 1 agrees, pool 2's lane 1 diverged: rank 5 is named, not rank 3
     rows = _gathered([_h(st=1), _h(n=9), _h(), _h(), _h(), _h(cost=10)])
-    with pytest.raises(ProtocolError, match=r"pooled ranks diverged in round 2: rank 5 posted other \['cost'\] than rank 4"):
+    with pytest.raises(ProtocolError,
+                       match=r"pooled ranks diverged in round 2: rank 5 posted other \['cost'\] than rank 4"):
         pool_rows(rows, 2, 2)
     assert [r.st for r in pool_rows(_gathered([_h(st=1), _h(n=9), _h(), _h()]), 2, 0)] == [1, 0]
 
@@ -130,7 +131,8 @@ def test_a_pools_over_budget_slots_come_in_multiples_of_its_ranks_so_a_step_hold
     from odb.batching.policy import OVER, BalancedPolicy, default_policy, over_slots
 
     over = [[0, 0, 5, 3, 0, 0], [0, 1, 9, 2, 0, 0], [0, 0, 6, 7, 0, 0]]  # 3 participants' over-budget histograms
-    assert over_slots(over, 100)[0] == [2] * 6 + [3] * 2  # the quorum: the 2nd largest holding per level (after lending)
+    # the quorum: the 2nd largest holding per level (after lending)
+    assert over_slots(over, 100)[0] == [2] * 6 + [3] * 2
     levels, own = over_slots(over, 100, lanes=4)
     assert levels == [2, 2, 2, 2]  # 6 -> 4, 3 -> 0: the rest is carried
     assert all(len(o) == 4 for o in own) and len(over[0]) == OVER
@@ -242,7 +244,8 @@ def _loader_run(rank, world_size, spec):
         # (not at the construction check's probed positions, the first and the middle: those refuse it there)
         ds.lengths = [n + (i % 7 == 0 and i not in (0, len(LENGTHS) // 2)) for i, n in enumerate(LENGTHS)]
     loader = odb.ODBDataLoader(ds, BUDGET, id_collate, buffer_size=spec["W"], mode=spec.get("mode", "pad"),
-                               placement=odb.Pooled(spec["lanes"]), seed=5, timeout_s=30, trace_dir=spec.get("trace_dir"),
+                               placement=odb.Pooled(spec["lanes"]), seed=5, timeout_s=30,
+                               trace_dir=spec.get("trace_dir"),
                                num_workers=spec.get("workers", {}).get(rank, 0))
     assert type(loader.policy) is type(default_policy()) and loader.policy.lanes == spec["lanes"]
     out = []

@@ -123,7 +123,8 @@ def test_harness_smoke_run_two_ranks_every_method_emits_every_sample_in_every_ro
         assert "curve" in recs[0] and "curve" not in recs[1]
     assert res["methods"]["gmt"]["repeats"][0]["setup_s"] > 0  # the length cache pass is timed
     kept = [r for m in methods for r in res["methods"][m]["repeats"]]
-    assert len(kept[0]["attempts"]) == 1 and sum(len(r["attempts"]) for r in kept) == 1 and all(r["loaded"] for r in kept)
+    assert (len(kept[0]["attempts"]) == 1 and sum(len(r["attempts"]) for r in kept) == 1
+            and all(r["loaded"] for r in kept))
     # Standard's accumulation is matched to ODB pad's mean samples per optimizer step, measured first
     ms = {m: res["methods"][m]["repeats"][0] for m in methods}
     want = max(1, round(ms["odb_pad"]["samples"] / ms["odb_pad"]["steps"] / 2))
@@ -180,7 +181,8 @@ def test_cluster_seeds_average_and_equal_mean_control_keeps_the_cv():
 
     one = [cr.run_one("ultrachat", 2, 16, 16, 12288, seed=s) for s in range(2)]
     two = cr.run_seeds("ultrachat", 2, 16, 16, 12288, seeds=2)
-    assert two["odb_pad_vs_standard"] == pytest.approx((one[0]["odb_pad_vs_standard"] + one[1]["odb_pad_vs_standard"]) / 2)
+    assert two["odb_pad_vs_standard"] == pytest.approx(
+        (one[0]["odb_pad_vs_standard"] + one[1]["odb_pad_vs_standard"]) / 2)
     assert two["odb_pad_vs_standard_all"] == [r["odb_pad_vs_standard"] for r in one]
     ctl = cr.run_one("ultrachat", 2, 16, 16, 12288, seed=0, mean=500.0)
     assert ctl["cv"] == pytest.approx(one[0]["cv"], abs=0.01)  # rescaling keeps the CV (rounding aside)
@@ -343,7 +345,8 @@ def test_the_epoch_end_report_splits_the_lost_balance_that_the_metrics_see():
     assert r["steps"] == m["steps"] and r["rounds"] == sim.rounds
     per_step = []  # max - mean rank cost, step by step, computed here apart from the metrics
     for s in range(m["steps"]):
-        c = [pt.cost.utilisation([pt.sizes[i] for i in row[s]]) if s < len(row) and row[s] else 0.0 for row in sim.batches]
+        c = [pt.cost.utilisation([pt.sizes[i] for i in row[s]]) if s < len(row) and row[s] else 0.0
+             for row in sim.batches]
         per_step.append(max(c) - sum(c) / 4)
     assert abs(r["lost"] - sum(per_step)) < 1e-9 and abs(r["lost_at_end"] - sum(per_step[r["end_step"]:])) < 1e-9
     # the end: a round that is not the first, and not after the last batch; some balance is lost there

@@ -74,7 +74,8 @@ def test_the_per_window_lines_count_each_windows_misses_and_losses(rows, small_s
     for peer in ("gmt_shuffled", "hf_rebalance", "dp_balanced", "release_reimpl"):
         for r in (a, b):
             if peer in r["methods"]:
-                r["methods"][peer]["predicted"]["samples_per_s"] = 0.5 * r["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
+                r["methods"][peer]["predicted"]["samples_per_s"] = (
+                    0.5 * r["methods"]["odb_dealt"]["predicted"]["samples_per_s"])
     b["methods"]["bmt"]["predicted"]["samples_per_s"] = 0.5 * b["methods"]["odb_dealt"]["predicted"]["samples_per_s"]
     lines = [x for x in window_lines([a, b]) if x.startswith("- ODB (dealt, placement=None)")]
     assert lines[0].startswith("- ODB (dealt, placement=None) at W = 16: 1 points; predicted throughput 0.950-0.950")
@@ -118,9 +119,11 @@ def test_the_committed_grids_agree_where_they_overlap_and_the_committed_tally_is
     drawn = plots(merged, tmp_path)  # every method against N, the exchange rows among them
     assert [w for w, _ in drawn] == [w for w, _ in PLOTS] and all(Path(p).stat().st_size > 10_000 for _, p in drawn)
     n = int(re.search(r"\((\d+) points at N >= 64", lines[0]).group(1))
-    committed = (Path(__file__).resolve().parents[1] / "paper_repro" / "results" / "scale_targets_202612.md").read_text()
+    committed = (Path(__file__).resolve().parents[1] / "paper_repro" / "results"
+                 / "scale_targets_202612.md").read_text()
     assert f"({n} points at N >= 64" in committed.splitlines()[0]
-    worst = re.search(r"ODB \(dealt, placement=None\): predicted throughput .*MISSED at (\d+)/(\d+) points; worst ([\d.]+)",
+    worst = re.search(r"ODB \(dealt, placement=None\): predicted throughput .*MISSED at (\d+)/(\d+) points; "
+                      r"worst ([\d.]+)",
                       "\n".join(lines))
     assert worst and worst.group(0) in committed, "the committed scale_targets file is not the tally's: rerun it"
 

@@ -367,7 +367,8 @@ def test_quota_with_dealt_shards_loses_and_repeats_nothing_when_a_rank_runs_dry(
     emitted = [p for row in res.batches for b in row for p in b]
     _quota_audit(emitted, [p for u in res.unemitted for p in u], {p for p, m in enumerate(order) if m is None}, total)
     # what no rank was dealt is reported once, by rank 0
-    assert set(res.undealt) <= set(res.unemitted[0]) and not set(res.undealt) & {p for u in res.unemitted[1:] for p in u}
+    assert (set(res.undealt) <= set(res.unemitted[0])
+            and not set(res.undealt) & {p for u in res.unemitted[1:] for p in u})
 
 
 @pytest.mark.slow

@@ -161,8 +161,8 @@ def test_a_stopping_rank_that_leaves_without_posting_is_caught():
 def test_a_stopping_rank_that_may_still_fetch_is_nondeterministic():
     """take_sample ignores quit: a stopping rank may fetch or post (both enabled): the invariant
     and every property still hold, and the all-N determinism query is the one that bites."""
-    bad = DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(Field("exhausted")), lt(Field("buf"), Field("cap")),
-                                                     Input("src_has")))
+    bad = DGAP.replace_row("take_sample", guard=and_(not_(Field("fl")), not_(Field("exhausted")),
+                                                     lt(Field("buf"), Field("cap")), Input("src_has")))
     verdicts = {v.property: v for v in prove_all(bad, modes=(PAD,))}
     assert verdicts["inductive_invariant"].ok and verdicts["deadlock_free"].ok
     det = verdicts["local_determinism"]

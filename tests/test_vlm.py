@@ -30,7 +30,8 @@ def _model():
         cfg = Qwen2VLConfig(
             text_config=dict(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                             rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, bos_token_id=1, eos_token_id=2),
+                             rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, bos_token_id=1,
+                             eos_token_id=2),
             vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2,
                                temporal_patch_size=1, spatial_merge_size=2, in_channels=3),
             image_token_id=IMAGE, video_token_id=71, vision_start_token_id=START, vision_end_token_id=END,

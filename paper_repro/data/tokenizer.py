@@ -31,7 +31,8 @@ def get_tokenizer(vocab_size: int = 2048, cache_dir: str | None = SCRATCH):
     docs = load_corpus()
     h = hashlib.sha256()
     for t, d in docs:
-        h.update(t.encode()); h.update(d.encode())
+        h.update(t.encode())
+        h.update(d.encode())
     key = f"bpe{vocab_size}_{h.hexdigest()[:12]}"
     if key in _CACHE:
         return _CACHE[key]

@@ -59,7 +59,8 @@ PACKAGES = {
     "odb/batching": (["odb/batching/deal.py", "odb/batching/policy.py", "odb/batching/grouping.py",
                       "odb/batching/cost.py", "odb/batching/exchange.py", "odb/batching/base.py"],
                      FAST + "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py "
-                     "tests/test_dealt.py tests/test_exchange.py tests/test_batching_sim.py tests/test_check_packing.py"),
+                     "tests/test_dealt.py tests/test_exchange.py tests/test_batching_sim.py "
+                     "tests/test_check_packing.py"),
     "odb/runtime": (["odb/runtime/epoch_pass.py", "odb/runtime/engine.py", "odb/runtime/source.py",
                      "odb/runtime/ledger.py", "odb/runtime/loader.py", "odb/runtime/transport.py",
                      "odb/runtime/group.py", "odb/runtime/observe.py", "odb/runtime/trace.py"],
@@ -131,7 +132,8 @@ def run_package(name: str, sample: int, seed: int, timeout: float, exe: str = CO
         seconds = time.perf_counter() - t0
         con = sqlite3.connect(db)
         rows = con.execute(
-            "SELECT r.job_id, r.test_outcome, r.worker_outcome, r.diff, m.module_path, m.operator_name, m.start_pos_row "
+            "SELECT r.job_id, r.test_outcome, r.worker_outcome, r.diff, "
+            "m.module_path, m.operator_name, m.start_pos_row "
             "FROM work_results r JOIN mutation_specs m ON m.job_id = r.job_id WHERE r.worker_outcome != 'SKIPPED'"
         ).fetchall()
         con.close()
