@@ -26,7 +26,8 @@ $(VENV)/.stamp-all: pyproject.toml constraints.txt | $(BIN)/python
 
 install: $(VENV)/.stamp-all  ## everything: library, proofs, tests, adapters, repro
 
-test: $(VENV)/.stamp-all $(MUT)/.stamp  ## the whole test suite and a fixed sample of cosmic-ray's mutants (CI runs this)
+test: $(VENV)/.stamp-all $(MUT)/.stamp  ## ruff, the whole test suite and a fixed sample of cosmic-ray's mutants (CI runs this)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	$(MAKE) --no-print-directory mutation-sample
 

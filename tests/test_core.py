@@ -278,9 +278,10 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
                         template=lambda _fallback: None, traced=traced)
 
     def run(c):
-        seen, traces = [], []
+        seen, traces, post = [], [], None
         while not c.done:
-            o = c.collect(reduce_posts([o.post])) if c.waiting else c.step(lambda: 0)
+            o = c.collect(reduce_posts([post])) if c.waiting else c.step(lambda: 0)
+            post = o.post if o.post is not None else post
             seen.append((o.step.row if o.step else None, o.post,
                          [list(b.positions) for b in o.release if not b.filler]))
             traces.append(o.trace)
@@ -320,7 +321,7 @@ def test_advance_returns_the_post_that_step_after_step_returns_with_its_rows_rec
                         template=lambda _fallback: None, traced=False)
 
     def run(c, fast):
-        seen = []
+        seen, post = [], None
         while not c.done:
             if c.waiting:
                 o = c.collect(reduce_posts([post]))

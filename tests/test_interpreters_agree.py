@@ -427,7 +427,7 @@ class _WithR:
 @pytest.mark.parametrize("mode", MODES, ids=["pad", "join", "quota"])
 def test_every_invariant_conjunct_holds_on_every_reachable_state(mode):
     checked, aborted = 0, 0
-    for s in (st for data, quits in INV_DATA for st in _states(mode, data, quits)):
+    for s in (x for data, quits in INV_DATA for x in _states(mode, data, quits)):
         data = tuple(s.rank_value(j, "d") for j in range(s.n))
         view = _WithR(s, rounds_bound_value(mode, data))
         for c in INVARIANT:
