@@ -118,3 +118,19 @@ def test_a_pass_reads_its_loader_only_through_the_members_pass_host_names():
     assert read and read <= named, f"a pass reads {sorted(read - named)} of its loader outside PassHost"
     from odb import ODBDataLoader
     assert all(hasattr(ODBDataLoader, n) or n in typing.get_type_hints(PassHost) for n in named)
+
+
+def test_no_module_of_odb_imports_another_modules_private_name():
+    """A name with a leading underscore is its module's own: one another module needs is public (named in its
+    ``__all__`` or documented there), so a change to it is seen as a change to an interface."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "odb"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{path.relative_to(root.parent)}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_identity"]
+    assert not found, found

@@ -18,12 +18,13 @@ from ..batching.grouping import order_longest_first
 from ..errors import ConfigError
 
 __all__ = ["Schedule", "ScheduleSampler", "standard", "memory_equivalent_batch_size", "global_max_tokens",
-           "bucketed_max_tokens", "step_lower_bound", "batch_lower_bound", "deal"]
+           "bucketed_max_tokens", "step_lower_bound", "batch_lower_bound", "deal", "greedy_batches", "checked_world"]
 
 Schedule = list[list[list[int] | None]]  # schedule[rank][step] -> dataset indices, or None (filler)
 
 
-def _world(world_size: int) -> int:
+def checked_world(world_size: int) -> int:
+    """`world_size`, checked: a positive int (ConfigError otherwise)."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size must be a positive int, got {world_size!r}")
     return world_size
@@ -33,7 +34,7 @@ def deal(batches: Sequence[list[int]], world_size: int) -> Schedule:
     """Deal `batches` to ranks in order: step s holds batches ``s*N .. s*N+N-1``
     (consecutive batches of a sorted packing have similar costs, which is the
     best case for stragglers); the last step is topped up with fillers."""
-    n = _world(world_size)
+    n = checked_world(world_size)
     steps = math.ceil(len(batches) / n)
     return [[list(batches[s * n + r]) if s * n + r < len(batches) else None for s in range(steps)]
             for r in range(n)]
@@ -43,7 +44,7 @@ def standard(num_samples: int, world_size: int, batch_size: int = 1) -> Schedule
     """Fixed batch size over a strided shard (rank r takes indices r, r+N, ...,
     as ``DistributedSampler(shuffle=False, drop_last=False)`` does on pre-shuffled
     data, except that a short rank gets fillers instead of repeated samples)."""
-    n = _world(world_size)
+    n = checked_world(world_size)
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     shards = [list(range(r, num_samples, n)) for r in range(n)]
@@ -68,7 +69,7 @@ def memory_equivalent_batch_size(sizes: Sequence[Sizes], cost: CostModel) -> int
     return lo
 
 
-def _greedy(indices: Sequence[int], sizes: Sequence[Sizes], cost: CostModel) -> list[list[int]]:
+def greedy_batches(indices: Sequence[int], sizes: Sequence[Sizes], cost: CostModel) -> list[list[int]]:
     """Sort `indices` longest first, then next-fit: close a batch when the next sample does not fit."""
     sub = [sizes[i] for i in indices]
     order = [indices[p] for p in order_longest_first(sub, cost)]
@@ -105,7 +106,7 @@ def _greedy(indices: Sequence[int], sizes: Sequence[Sizes], cost: CostModel) -> 
 
 def global_max_tokens(sizes: Sequence[Sizes], cost: CostModel, world_size: int) -> Schedule:
     """GMT: sort the whole dataset by cost, pack greedily under the budget, deal to ranks."""
-    return deal(_greedy(range(len(sizes)), sizes, cost), world_size)
+    return deal(greedy_batches(range(len(sizes)), sizes, cost), world_size)
 
 
 def bucketed_max_tokens(sizes: Sequence[Sizes], cost: CostModel, world_size: int,
@@ -115,7 +116,7 @@ def bucketed_max_tokens(sizes: Sequence[Sizes], cost: CostModel, world_size: int
         raise ConfigError(f"bucket must be >= 1, got {bucket}")
     batches: list[list[int]] = []
     for b0 in range(0, len(sizes), bucket):
-        batches += _greedy(range(b0, min(b0 + bucket, len(sizes))), sizes, cost)
+        batches += greedy_batches(range(b0, min(b0 + bucket, len(sizes))), sizes, cost)
     return deal(batches, world_size)
 
 
@@ -146,7 +147,7 @@ def batch_lower_bound(sizes: Sequence[Sizes], cost: CostModel) -> int:
 
 def step_lower_bound(sizes: Sequence[Sizes], cost: CostModel, world_size: int) -> int:
     """``ceil(batch_lower_bound / N)``: no schedule on N ranks has fewer steps."""
-    return math.ceil(batch_lower_bound(sizes, cost) / _world(world_size))
+    return math.ceil(batch_lower_bound(sizes, cost) / checked_world(world_size))
 
 
 class ScheduleSampler:

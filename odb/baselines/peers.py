@@ -33,7 +33,7 @@ from ..batching.base import CostModel, Sizes
 from ..batching.cost import QUADRATIC_B
 from ..errors import ConfigError
 from .kk import karmarkar_karp
-from .offline import Schedule, _greedy, _world, deal
+from .offline import Schedule, checked_world, deal, greedy_batches
 
 __all__ = ["global_max_tokens_shuffled", "hf_rebalance", "dp_balanced_packing", "kk_micro_batches",
            "VERL_WORKLOAD_A", "MICRO_BATCHES_PER_STEP", "Peer", "PEERS"]
@@ -86,8 +86,8 @@ def global_max_tokens_shuffled(sizes: Sequence[Sizes], cost: CostModel, world_si
     what training usually runs, and a step then mixes a full batch with the epoch's few partial ones.
     Needs a length cache; moves no samples.
     """
-    _world(world_size)
-    batches = _greedy(range(len(sizes)), sizes, cost)
+    checked_world(world_size)
+    batches = greedy_batches(range(len(sizes)), sizes, cost)
     random.Random(_seed(seed)).shuffle(batches)
     return deal(batches, world_size)
 
@@ -159,7 +159,7 @@ def hf_rebalance(sizes: Sequence[Sizes], cost: CostModel, world_size: int, *, mi
       to lower ``per_device_batch_size`` for the whole run; so this is the sampler's best case.
     Needs a length cache; moves no samples (each rank reads its own groups).
     """
-    n = _world(world_size)
+    n = checked_world(world_size)
     bs = _positive("micro_batch_size", micro_batch_size) if micro_batch_size is not None else _per_batch(sizes, cost)
     ga = _positive("grad_accum", grad_accum)
     alpha, intercept = _non_negative("alpha", alpha), _non_negative("intercept", intercept)
@@ -203,7 +203,7 @@ def dp_balanced_packing(sizes: Sequence[Sizes], cost: CostModel, world_size: int
     the mean cost; where a global batch has fewer samples than N (the epoch's tail), Megatron
     asserts, and here the missing packs are fillers.  Needs no length cache; moves samples.
     """
-    n = _world(world_size)
+    n = checked_world(world_size)
     m = (_positive("samples_per_rank", samples_per_rank) if samples_per_rank is not None
          else MICRO_BATCHES_PER_STEP * _per_batch(sizes, cost))
     shards = [list(range(r, len(sizes), n)) for r in range(n)]
@@ -246,7 +246,7 @@ def kk_micro_batches(sizes: Sequence[Sizes], cost: CostModel, world_size: int, *
     data is already shuffled), m as in the module legend; ``balance_ranks=False`` deals the global
     batch round-robin instead (``balance_batch`` off).  Needs no length cache; moves samples.
     """
-    n = _world(world_size)
+    n = checked_world(world_size)
     m = (_positive("samples_per_rank", samples_per_rank) if samples_per_rank is not None
          else MICRO_BATCHES_PER_STEP * _per_batch(sizes, cost))
     work = [VERL_WORKLOAD_A * s[0] + s[0] * s[0] for s in sizes]

@@ -67,7 +67,7 @@ import numpy as np
 from ..errors import ConfigError, ProtocolError
 from .base import AlignmentPolicy, CostModel, Sizes
 from .cost import QUADRATIC_B, BudgetCost
-from .grouping import Group, _group, pack
+from .grouping import Group, pack
 
 __all__ = ["BalancedPolicy", "default_policy", "SUMMARY_TAG", "NUM_BUCKETS", "OVER", "fill_bucket",
            "over_slots", "aligned_fill", "attention_coefficient"]
@@ -80,6 +80,8 @@ _EDGES = (10**9, 3000, 2000, 1500, 1250, 1100) + tuple(range(1000, 475, -25))
 NUM_BUCKETS = len(_EDGES)
 OVER = 6  # buckets 0 .. OVER-1 hold lone over-budget samples; they go out in over-budget slots (`over_slots`)
 _HEAD = 5  # [tag, n, exhausted, closed groups, all groups], then the fill histogram
+_group = tuple.__new__  # a `Group` from its three fields, without NamedTuple's Python-level __new__ (as grouping's)
+
 # The reservoir (module docstring): while data flows, a window of at least _RESERVOIR_W samples
 # whose every rank holds at least _RESERVOIR_NEED full groups emits only half of them.
 _RESERVOIR_W = 256

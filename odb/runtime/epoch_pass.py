@@ -29,7 +29,7 @@ from ..protocol.table import DGAP, MODES
 from .engine import CLOSED, FAILED, Engine
 from .ledger import ranges
 from .observe import PassObserver
-from .source import _measure
+from .source import measure_sample
 from .trace import TraceWriter, trace_path
 
 __all__ = ["Pass", "PassHost", "start_engine", "filler_template", "cut_to_budget", "check_filler", "sample_fits"]
@@ -78,7 +78,7 @@ class PassHost(Protocol):
 def sample_fits(sample, cost, settings) -> bool:
     """The sample, measured as the loader measures it, fits the budget (False if it cannot be measured)."""
     try:
-        return cost.fits([_measure(sample, settings.length_fn, bool(settings.shift_labels))[0]])
+        return cost.fits([measure_sample(sample, settings.length_fn, bool(settings.shift_labels))[0]])
     except Exception:
         return False
 
@@ -86,7 +86,7 @@ def sample_fits(sample, cost, settings) -> bool:
 def check_filler(sample, cost, settings) -> None:
     """Raise ConfigError unless a user's ``filler_sample`` can be measured and fits the budget."""
     try:
-        sizes, _ = _measure(sample, settings.length_fn, bool(settings.shift_labels))
+        sizes, _ = measure_sample(sample, settings.length_fn, bool(settings.shift_labels))
     except Exception as e:
         raise ConfigError(f"filler_sample cannot be measured ({type(e).__name__}: {e}); pass a processed "
                           "sample like the dataset's") from None

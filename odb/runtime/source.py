@@ -34,7 +34,7 @@ from ..batching.deal import DealtOrder
 from ..core.types import Failure, Interrupted
 from ..errors import SampleError
 
-__all__ = ["Source", "default_length", "count_labels", "shard_order", "POLL_S"]
+__all__ = ["Source", "default_length", "count_labels", "shard_order", "measure_sample", "POLL_S"]
 
 # With workers the inner DataLoader is asked for each item with this timeout and asked again
 # until the item comes: between asks the engine sees that a worker died (DataLoader checks its
@@ -115,7 +115,10 @@ def _size(v: Any, raw: Any) -> int:
                          f"{type(raw).__name__}") from None
 
 
-def _measure(sample: Any, length_fn: Callable | None, shift: bool) -> tuple[tuple[int, ...], int]:
+def measure_sample(sample: Any, length_fn: Callable | None, shift: bool) -> tuple[tuple[int, ...], int]:
+    """A preprocessed sample's ``(sizes, label tokens)``, as the rank core reads it (``length_fn`` or
+    `default_length`; the labels shifted when `shift`).  Raises TypeError/ValueError on a length that is not an
+    int, a tuple of ints, or a one-dimensional ``input_ids``."""
     raw = default_length(sample) if length_fn is None else length_fn(sample)
     if type(raw) is int:
         sizes = (raw,)
@@ -136,7 +139,7 @@ def _process(pos: int, index: Any, get: Callable[[], Any], length_fn: Callable |
     if sample is None:
         return pos, index, None, None
     try:
-        return pos, index, sample, _measure(sample, length_fn, shift)
+        return pos, index, sample, measure_sample(sample, length_fn, shift)
     except Exception as e:
         return pos, index, sample, _failure("length", e)
 
