@@ -355,13 +355,15 @@ def test_a_released_batchs_step_info_is_the_dataclass_built_as_usual():
     fields = dict(indices=(4, 9), filler=False, local_samples=2, global_samples=7, local_tokens=30, global_tokens=99,
                   local_label_tokens=20, global_label_tokens=70, loss_scale=0.5, step=3, round=1, epoch=2)
     assert list(fields) == names  # every value distinct: two fields crossed would differ
-    fast, slow = step_info(*fields.values()), StepInfo(**fields)
+    fast, slow = step_info(**fields), StepInfo(**fields)
     assert fast == slow and repr(fast) == repr(slow) and dataclasses.asdict(fast) == fields
     assert vars(fast) == fields
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.step = 4
+    with pytest.raises(TypeError):  # keywords only: a field given by position could be the wrong one
+        step_info(*fields.values())
     with pytest.raises(TypeError):
-        step_info(*list(fields.values())[:-1])
+        step_info(**{k: v for k, v in fields.items() if k != "epoch"})
 
 
 def test_no_round_imports_a_module_after_the_first():
@@ -481,7 +483,9 @@ def test_receipts_count_the_step_infos_taken_from_zero():
 
     r = Receipts()
     assert r.taken == 0
-    batches = [attach_step_info({"x": k}, step_info((k,), False, 1, 2, 5, 9, 5, 9, 1.0, k, 0, 0), r) for k in range(3)]
+    batches = [attach_step_info({"x": k}, step_info(
+        indices=(k,), filler=False, local_samples=1, global_samples=2, local_tokens=5, global_tokens=9,
+        local_label_tokens=5, global_label_tokens=9, loss_scale=1.0, step=k, round=0, epoch=0), r) for k in range(3)]
     for b in batches[:2]:
         pop_step_info(b)
     assert r.taken == 2

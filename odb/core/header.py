@@ -47,6 +47,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .types import COUNTS_LEN
+
 __all__ = ["Header", "HeaderLayout", "Headers", "Post", "Gathered", "REPLICATED", "reduce_posts"]
 
 REPLICATED = ("epoch", "deal", "target", "proposal")  # fields every rank must post alike
@@ -159,7 +161,7 @@ def reduce_posts(posts: Sequence[Post]) -> Gathered:
     """The collective's result computed in one process (a simulation, a world of one): what
     `odb.runtime.transport.HeaderGather` computes with an all-gather and two all-reduces."""
     totals = [sum(c) for c in zip(*(p.counts for p in posts))]
-    tokens_max = [max(c) for c in zip(*(p.counts[0::3] for p in posts))]
+    tokens_max = [max(c) for c in zip(*(p.counts[0::COUNTS_LEN] for p in posts))]  # each batch slot's tokens
     return Gathered([p.header for p in posts], totals, tokens_max)
 
 
@@ -187,7 +189,7 @@ class HeaderLayout:
         self.slack = int(slack)
         self._fills = self._intake + self.ladder_len
         self.length = self._fills + (self.window if self.exchange else 0)
-        self.counts_len = 3 * self.steps
+        self.counts_len = COUNTS_LEN * self.steps
         self.index = {name: k for k, name in enumerate(_SCALARS)}  # `Headers.column`
         self.index.update((name, self._deal + k) for k, name in enumerate(_DEAL))
         self.agreed = np.array([self.index[name] for name in ("round",) + REPLICATED])  # `Replicated._agree`

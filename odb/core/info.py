@@ -63,10 +63,10 @@ class StepInfo:
     epoch: int
 
 
-def step_info(indices: tuple, filler: bool, local_samples: int, global_samples: int, local_tokens: int,
+def step_info(*, indices: tuple, filler: bool, local_samples: int, global_samples: int, local_tokens: int,
               global_tokens: int, local_label_tokens: int, global_label_tokens: int, loss_scale: float, step: int,
               round: int, epoch: int) -> StepInfo:
-    """``StepInfo(...)`` from its fields in declaration order, positional only in use: without the frozen
+    """``StepInfo(...)`` from its fields, by keyword: without the frozen
     dataclass's ``__init__``, which sets each field through ``object.__setattr__`` (0.75 against 3.9 us, for each
     of a round's ~58 batches at N = 1,024).  The instance is the same: equal, immutable, its fields in its
     ``__dict__``; a test checks the parameters are the dataclass's fields in its order."""

@@ -54,7 +54,7 @@ from ..batching.exchange import NO_FILL, batch_key, plan_origins, rank_fill_arra
 from ..errors import ConfigError, ProtocolError
 from ..protocol.table import JOIN
 from .header import Header, HeaderLayout, Headers
-from .types import Batch
+from .types import Batch, counts_at, put_counts
 
 __all__ = ["Pooled", "Exchanged", "AUTO", "DEFAULT_EXCHANGE", "placement_of", "placement_label", "resolve_placement",
            "OwnStage", "PoolStage", "ExchangeStage", "Release", "stage_for", "check_pool", "pool_rows", "pool_aheads",
@@ -185,7 +185,7 @@ class OwnStage:
         """Batch `b` formed next in the round (`sizes`: its samples' sizes; None for a filler)."""
         k = len(self._held)
         self._held.append(b)
-        self._counts[3 * k:3 * k + 3] = b.counts
+        put_counts(self._counts, k, b.counts)
 
     def posted(self) -> tuple[Sequence[int], list[int]]:
         """The header's fills and the round's counts at the post; the counts start again."""
@@ -224,9 +224,9 @@ class PoolStage(OwnStage):
         self._held.append(b)
         lane, m = lane_of(k, self.lanes)
         if self.lane is None:  # the pool's one core: every lane's counts, summed
-            self._counts[3 * m:3 * m + 3] = [a + c for a, c in zip(self._counts[3 * m:3 * m + 3], b.counts)]
+            put_counts(self._counts, m, [a + c for a, c in zip(counts_at(self._counts, m), b.counts)])
         elif lane == self.lane:  # this lane's own batches, at its own step index
-            self._counts[3 * m:3 * m + 3] = b.counts
+            put_counts(self._counts, m, b.counts)
 
     def rows(self, gathered, round_index: int) -> Headers:
         return self._pool_rows(gathered, round_index, None)
@@ -295,7 +295,7 @@ class ExchangeStage(PoolStage):
         fills, self._fills = self._fills, [NO_FILL] * self.layout.window
         c = self._counts
         for m, b in self._placed:  # the placed round's counts at the steps they run (a pool's one core: summed)
-            c[3 * m:3 * m + 3] = [a + x for a, x in zip(c[3 * m:3 * m + 3], b.counts)]
+            put_counts(c, m, [a + x for a, x in zip(counts_at(c, m), b.counts)])
         return fills, super().posted()[1]
 
     def rows(self, gathered, round_index: int) -> Headers:

@@ -46,7 +46,7 @@ from .header import REPLICATED, Gathered, HeaderLayout, Headers, Post
 from .info import LoaderStats, step_info
 from .placement import stage_for
 from .replica import Replicated
-from .types import CLOSED, FAILED, OK, Batch, Failure, FillerContent, Interrupted, Item
+from .types import CLOSED, FAILED, NO_COUNTS, OK, Batch, Counts, Failure, FillerContent, Interrupted, Item, counts_at
 
 __all__ = ["RankCore", "Out", "NO_LABELS_AFTER"]
 
@@ -382,7 +382,8 @@ class RankCore:
         if self.done and self.local["aborted"] and self.status == OK:
             abort_err = self._abort_error(self.local["rd"] - 1)
         send, expect, self._send, self._expect = self._send, self._expect, (), ()
-        return Out(s, trace, post, release, end, self._take_error(), rep_err, abort_err, send, expect)
+        return Out(step=s, trace=trace, post=post, release=release, end=end, local_error=self._take_error(),
+                   replicated_error=rep_err, abort_error=abort_err, send=send, expect=expect)
 
     def _filler(self, lane: int = 0) -> Batch:
         if self.fillers.sample is None and self._quit() == OK:
@@ -390,7 +391,7 @@ class RankCore:
                 self.fillers.build()
             except Exception as e:  # no sample to build a filler from: stop through the table
                 self._fail(e)
-        return Batch([self.fillers.sample], (), None, (), (0, 0, 0), lane=lane)
+        return Batch([self.fillers.sample], (), None, (), NO_COUNTS, lane=lane)
 
     def _hold(self, taken: list[Item] | None) -> None:
         if taken is None:
@@ -399,7 +400,7 @@ class RankCore:
         sizes = [it.sizes for it in taken]
         tokens = tuple(z[0] for z in sizes)
         b = Batch([it.sample for it in taken], tuple(it.pos for it in taken), tuple(it.index for it in taken),
-                  tokens, (sum(tokens), sum(it.labels for it in taken), len(taken)))
+                  tokens, Counts(sum(tokens), sum(it.labels for it in taken), len(taken)))
         self.stats.budget_use_sum += self.cost.utilisation(sizes)
         self.stats.budget_batches += 1
         self.placement.hold(b, sizes)
@@ -480,20 +481,21 @@ class RankCore:
         t_max, t_mean, zero, labels, samples = (stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps,
                                                 self._labels_seen, self._samples_seen)
         for k, b in held:
-            g = totals[3 * k:3 * k + 3]  # every rank's count b of its k-th batch, summed
-            g0, g1, g2 = g
+            g = counts_at(totals, k)  # every rank's counts of its k-th batch, summed
             loc, basis_g, filler = b.counts, g[slot], b.filler
             scale = 0.0 if filler or basis_g == 0 else ws * loc[slot] / basis_g
             if b.lane == own:  # a step's global figures once (the pool's one core: at lane 0)
-                if g0 > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
+                if g.tokens > 0:  # the straggler estimate: the largest rank's tokens against the mean rank's
                     t_max += tokens_max[k]
-                    t_mean += g0 / ws
-                    if slot == 1 and g1 == 0:
+                    t_mean += g.tokens / ws
+                    if slot == 1 and g.labels == 0:
                         zero += 1
-                labels += g1
-                samples += g2
-            b.info = step_info(() if filler else b.indices, filler, loc[2], g2, loc[0], g0, loc[1], g1, scale, step,
-                               rnd, epoch)
+                labels += g.labels
+                samples += g.samples
+            b.info = step_info(indices=() if filler else b.indices, filler=filler, local_samples=loc.samples,
+                               global_samples=g.samples, local_tokens=loc.tokens, global_tokens=g.tokens,
+                               local_label_tokens=loc.labels, global_label_tokens=g.labels, loss_scale=scale,
+                               step=step, round=rnd, epoch=epoch)
             step += 1
         stats.step_tokens_max, stats.step_tokens_mean, stats.zero_label_steps = t_max, t_mean, zero
         self._labels_seen, self._samples_seen, self._steps = labels, samples, step

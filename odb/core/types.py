@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["OK", "CLOSED", "FAILED", "Failure", "Item", "Batch", "Interrupted", "FillerContent"]
+__all__ = ["OK", "CLOSED", "FAILED", "Failure", "Item", "Counts", "COUNTS_LEN", "NO_COUNTS", "counts_at", "put_counts",
+           "Batch", "Interrupted", "FillerContent"]
 
 OK, CLOSED, FAILED = 0, 1, 2
 
@@ -40,16 +41,40 @@ class Item(NamedTuple):
     labels: int
 
 
+class Counts(NamedTuple):
+    """A batch's counts, as a rank posts them for the round's sum over the ranks (`odb.core.header.Post`): its
+    real tokens, its label tokens and its samples (0, 0, 0 for a filler).  `odb.core.info.LOSS_BASES` indexes it."""
+
+    tokens: int
+    labels: int
+    samples: int
+
+
+COUNTS_LEN = len(Counts._fields)  # ints a batch slot takes in a round's vector of counts
+NO_COUNTS = Counts(0, 0, 0)
+
+
+def counts_at(vector, k: int) -> Counts:
+    """Batch slot `k`'s counts in a round's vector of counts (`COUNTS_LEN` ints a slot)."""
+    return Counts._make(vector[COUNTS_LEN * k:COUNTS_LEN * (k + 1)])
+
+
+def put_counts(vector: list, k: int, counts) -> None:
+    """Batch slot `k`'s counts into a round's vector of counts, in place."""
+    vector[COUNTS_LEN * k:COUNTS_LEN * (k + 1)] = counts
+
+
 class Batch:
-    """One batch on its way to the consumer: samples and, once released, their `StepInfo`.  ``counts``:
-    (tokens, label tokens, samples); ``indices`` None for a zero-weight filler; ``lane``: the lane of its
-    pool it runs on (`odb.core.placement`)."""
+    """One batch on its way to the consumer: samples and, once released, their `StepInfo`.  ``counts``: its
+    `Counts` (a plain triple is taken as one); ``indices`` None for a zero-weight filler; ``lane``: the lane of
+    its pool it runs on (`odb.core.placement`)."""
 
     __slots__ = ("samples", "positions", "indices", "sizes", "counts", "info", "lane")
 
     def __init__(self, samples, positions, indices, sizes, counts, info=None, lane=0):
         self.samples, self.positions, self.indices = samples, positions, indices
-        self.sizes, self.counts, self.info, self.lane = sizes, counts, info, lane
+        self.counts = counts if type(counts) is Counts else Counts._make(counts)
+        self.sizes, self.info, self.lane = sizes, info, lane
 
     @property
     def filler(self) -> bool:

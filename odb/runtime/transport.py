@@ -33,7 +33,7 @@ from datetime import timedelta
 import torch
 
 from ..core.header import Gathered, Post, reduce_posts
-from ..core.types import Batch
+from ..core.types import COUNTS_LEN, Batch
 from ..errors import ProtocolError, SampleError
 
 __all__ = ["HeaderGather", "BatchTransfer", "counts_mode", "GATHER_LIMIT"]
@@ -43,7 +43,7 @@ GATHER_LIMIT = 1 << 17  # ints a rank may receive per round in the all-gather (1
 
 def counts_mode(world_size: int, header_len: int, window: int) -> str:
     """"gather" or "reduce" for N ranks, headers of `header_len` ints and window W (module docstring)."""
-    return "gather" if world_size * (header_len + 3 * window) <= GATHER_LIMIT else "reduce"
+    return "gather" if world_size * (header_len + COUNTS_LEN * window) <= GATHER_LIMIT else "reduce"
 
 
 def _remedy(placement: str) -> str:
@@ -89,7 +89,7 @@ class HeaderGather:
         self._sums = torch.zeros(n * h + len(post.counts), dtype=torch.int64)
         self._sums[self.rank * h:(self.rank + 1) * h] = torch.tensor(post.header, dtype=torch.int64)
         self._sums[n * h:] = torch.tensor(post.counts, dtype=torch.int64)
-        self._maxes = torch.tensor(post.counts[0::3], dtype=torch.int64)  # each batch's tokens
+        self._maxes = torch.tensor(post.counts[0::COUNTS_LEN], dtype=torch.int64)  # each batch's tokens
         # SYNC: every rank must reach these, in this order (two fixed-shape all-reduces per round)
         self._works = [dist.all_reduce(self._sums, op=op.SUM, group=self.group, async_op=True),
                        dist.all_reduce(self._maxes, op=op.MAX, group=self.group, async_op=True)]
