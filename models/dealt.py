@@ -8,8 +8,8 @@ Legend
     value_p  what position p turns out to be when its item is returned: ``DROP`` (the preprocessing returned None,
              a length 0, a skipped oversize sample) or a usable sample of cost ``c >= 1``; chosen by the
              environment the first time the item is returned and fixed from then on (``values``, -1 while unknown)
-    replica  rank r's `odb.batching.deal.DealtOrder` (its `Dealer` replica and the keys dealt to it); the real class
-             does every deal and every read, the model only interns its snapshots (`Replicas`)
+    replica  rank r's `odb.batching.dealt_order.DealtOrder` (its `Dealer` replica and the keys dealt to it); the real
+             class does every deal and every read, the model only interns its snapshots (`Replicas`)
     reads_r  keys rank r's source has read (``key(0) .. key(reads-1)``); ``ret_r`` items it returned (usable or
              not: the header's ``taken``); ``ended_r`` a read returned None (the key iterator is finished for the
              epoch)
@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from odb.batching.deal import DealtOrder, first_lead, intake_bound, policy_intake, round_needs
+from odb.batching.dealt_order import DealtOrder
 from odb.batching.grouping import Group
+from odb.batching.intake import first_lead, intake_bound, policy_intake, round_needs
 from odb.protocol import machine
 from odb.protocol.expr import Let, Scope, evaluate
 from odb.protocol.table import DGAP, EMIT, FILL, WAIT, Table

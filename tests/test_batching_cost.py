@@ -187,7 +187,7 @@ def test_a_sample_fits_alone_exactly_when_the_cost_model_says_a_batch_of_it_fits
     budget, one over it, and for a sample that lacks the resource."""
     from odb.batching import make_cost_model
     from odb.batching.cost import BudgetCost, Resource
-    from odb.batching.deal import sample_fits
+    from odb.batching.intake import sample_fits
 
     for cost in (make_cost_model(kind, 100),
                  BudgetCost("two", (Resource(name="tokens", index=0, kind="padded", budget=100),

@@ -184,8 +184,8 @@ def test_a_rank_dealt_its_per_round_bound_never_takes_its_reserve(order, n, wind
 def test_a_bound_without_the_emitted_groups_makes_ranks_take_their_reserve(monkeypatch):
     # teeth for the test above: a bound that leaves out U(T) (what the round emits) under-deals the ranks;
     # nothing is lost (they take their reserve), but the check sees it
-    import odb.batching.deal as deal
-    monkeypatch.setattr(deal, "intake_bound", lambda window, n, ladder, target: np.maximum(0, window - n))
+    import odb.batching.intake as intake
+    monkeypatch.setattr(intake, "intake_bound", lambda window, n, ladder, target: np.maximum(0, window - n))
     sim, _ = _dealt_schedule(sample_lengths("mmmix", 400, seed=3), 3, 16)
     assert sum(sim.reserve_taken) > 0
     assert sorted(i for row in sim.batches for b in row if b for i in b) == list(range(400))

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odb.batching import default_policy
-from odb.batching.deal import DealtOrder, intake_ladder
+from odb.batching.dealt_order import DealtOrder
+from odb.batching.intake import intake_ladder
 from odb.batching.policy import NUM_BUCKETS, SUMMARY_TAG
 from odb.core import REPLICATED, HeaderLayout, Replicated, Shared, mismatches, round_proposal
 from odb.core.header import Post, reduce_posts

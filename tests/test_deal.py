@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.deal import COST_SCALE, Dealer, fill_order, heap_order, level_order
+from odb.batching.deal import Dealer
+from odb.batching.endgame import fill_order, heap_order, level_order
+from odb.batching.intake import COST_SCALE
 
 dealers = st.tuples(st.integers(0, 120), st.integers(1, 5), st.integers(1, 12))  # total, world, lead
 
@@ -160,7 +162,7 @@ def test_a_state_for_another_order_or_world_is_refused():
 # -- the per-round bound (need_r) --------------------------------------------------------------
 
 def test_the_intake_ladder_grows_by_at_most_half_and_ends_at_the_window():
-    from odb.batching.deal import intake_ladder
+    from odb.batching.intake import intake_ladder
     assert intake_ladder(1) == (1,) and intake_ladder(6) == (1, 2, 3, 4, 6)
     assert intake_ladder(1024)[:9] == (1, 2, 3, 4, 6, 8, 12, 16, 24) and len(intake_ladder(1024)) == 20
     for w in range(1, 2000):
@@ -172,8 +174,8 @@ def test_the_intake_ladder_grows_by_at_most_half_and_ends_at_the_window():
 @given(sizes=st.lists(st.integers(1, 9), max_size=40), window=st.integers(1, 64), target=st.integers(1, 64),
        n=st.integers(0, 64))
 def test_the_intake_bound_covers_any_target_groups(sizes, window, target, n):
-    from odb.batching.deal import intake_bound, intake_sizes
     from odb.batching.grouping import Group
+    from odb.batching.intake import intake_bound, intake_sizes
     groups = [Group(tuple(range(k)), True, 0.5) for k in sizes]
     bound = intake_bound(window, n, intake_sizes(groups, window), min(target, window))
     worst = sum(sorted(sizes, reverse=True)[:min(target, window)])  # the T largest groups
@@ -184,7 +186,7 @@ def test_the_intake_bound_covers_any_target_groups(sizes, window, target, n):
 def test_a_policy_whose_groups_is_the_declared_default_posts_the_whole_window():
     from odb.baselines.release import ReleasePolicy
     from odb.batching import make_cost_model
-    from odb.batching.deal import intake_bound, intake_ladder, policy_intake
+    from odb.batching.intake import intake_bound, intake_ladder, policy_intake
 
     w = [(10,)] * 5
     got = policy_intake(ReleasePolicy(), w, make_cost_model("packed", 100), 8)
@@ -192,7 +194,7 @@ def test_a_policy_whose_groups_is_the_declared_default_posts_the_whole_window():
 
 
 def test_replicas_sharing_deals_reuse_one_only_in_the_same_state_with_the_same_inputs():
-    from odb.batching.deal import DealtOrder
+    from odb.batching.dealt_order import DealtOrder
 
     keys = tuple((p, p) for p in range(40))
     shared: dict = {}
@@ -220,7 +222,7 @@ def test_replicas_sharing_deals_reuse_one_only_in_the_same_state_with_the_same_i
 def test_an_epochs_keys_are_held_as_two_int_arrays_and_read_as_the_pairs():
     import gc
 
-    from odb.batching.deal import Keys
+    from odb.batching.dealt_order import Keys
 
     order = [7, 3, 9, 1, 4]
     k = Keys.of(order, skip={1, 3})
@@ -269,7 +271,7 @@ def test_a_margin_too_small_for_the_picks_is_widened_not_trusted():
 def test_a_large_end_game_deals_each_rank_the_positions_the_heap_gives_it():
     """Past the size where the dealer sorts (`_FAST_LEFT`), with reserve takes in the order's tail:
     each rank's part is the free positions at its picks, in order, and the dealer ends done."""
-    from odb.batching.deal import _FAST_LEFT
+    from odb.batching.endgame import FAST_LEFT as _FAST_LEFT
 
     world, total = 7, 3 * _FAST_LEFT
     d = Dealer(total, world, 40)
@@ -303,7 +305,7 @@ def test_the_sort_decides_a_large_end_game_and_the_heap_only_where_it_cannot():
     estimates do not grow (``mu`` of 0: every pick to the cheapest rank)."""
     import numpy as np
 
-    from odb.batching.deal import _FAST_LEFT
+    from odb.batching.endgame import FAST_LEFT as _FAST_LEFT
 
     start = [1e9 + 7919.0 * (r * r % 13) for r in range(64)]
     assert isinstance(fill_order(start, list(range(64)), 1e6 / 3, 10 * _FAST_LEFT), np.ndarray)
@@ -384,7 +386,8 @@ def test_a_large_end_game_from_the_levels_deals_what_the_heap_deals_and_checks_i
     import random
 
     from odb.batching import deal
-    from odb.batching.deal import _FAST_LEFT, _EndParts
+    from odb.batching.deal import _EndParts
+    from odb.batching.endgame import FAST_LEFT as _FAST_LEFT
 
     rng = random.Random(3)
     world, total, lead = 64, 80 * _FAST_LEFT // 8, 16
@@ -497,7 +500,7 @@ def test_a_deal_at_scale_tops_up_as_arrays_and_deals_each_position_once():
 def test_a_rank_reads_the_keys_of_its_parts_in_the_order_dealt():
     """A dealt rank's keys are the epoch's ``(position, index)`` pairs at the positions dealt to it, in the order
     dealt: its first deal (every N-th position), then a top-up's consecutive run."""
-    from odb.batching.deal import DealtOrder, Keys
+    from odb.batching.dealt_order import DealtOrder, Keys
 
     perm = [(7 * p + 3) % 101 for p in range(101)]  # a sampler's order: index != position
     o = DealtOrder(Keys.of(perm), 3, 1, 4)
@@ -511,7 +514,7 @@ def test_the_levels_refuse_phases_closer_than_their_error_bound_and_no_further()
     """The guard's margin ``M = (4 K + 16) u V`` at its edge (K the most steps a rank takes: the last level and two
     more): two starts whose phases lie just inside M are refused, twice M apart they are ordered.  Two ranks,
     ``left`` 1,000: the last level L = 500, K = 502, V = 2 |v|max + (K + 2) mu."""
-    from odb.batching.deal import _U
+    from odb.batching.endgame import _U
 
     mu, left = 1.0, 1000
     K = 500 + 2
@@ -524,7 +527,7 @@ def test_the_levels_refuse_phases_closer_than_their_error_bound_and_no_further()
 
 def test_a_deal_of_more_ranks_than_small_ints_reads_every_rank():
     """`round_needs` at 300 ranks (lengths past CPython's cached small ints compare by value, not identity)."""
-    from odb.batching.deal import Posted, intake_ladder, round_needs
+    from odb.batching.intake import Posted, intake_ladder, round_needs
 
     n, lad = 300, len(intake_ladder(8))
     need = round_needs(8, 2, Posted([8] * n, [[0] * lad] * n), [0] * n)
@@ -546,7 +549,7 @@ def test_a_samples_header_cost_is_its_resources_share_of_the_budget():
     """`sample_cost`: tokens x COST_SCALE / budget, rounded; a sample without the budget's resource costs 0."""
     from odb.batching import make_cost_model
     from odb.batching.cost import BudgetCost, Resource
-    from odb.batching.deal import sample_cost
+    from odb.batching.intake import sample_cost
 
     assert sample_cost(make_cost_model("padded", 4000))((1000,)) == COST_SCALE // 4
     pixels = BudgetCost(name="padded", resources=(Resource(name="pixels", index=1, kind="padded", budget=100),))

@@ -10,7 +10,8 @@ exactly one rank, every replica stays identical, and the epoch ends with nothing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.batching.deal import Dealer, DealtOrder
+from odb.batching.deal import Dealer
+from odb.batching.dealt_order import DealtOrder
 
 
 def _epoch(total, world, window, drop_every, seed_bits):

@@ -18,7 +18,8 @@ import z3
 from models.dealt import DROP, DealtConfig, DealtModel, Replicas
 from models.dealt_properties import DEALT_PROPERTIES, by_name, for_mode
 from models.scopes import DEALT_SCOPES, DealtScope
-from odb.batching.deal import Dealer, DealtOrder
+from odb.batching.deal import Dealer
+from odb.batching.dealt_order import DealtOrder
 from odb.protocol.table import JOIN, PAD, QUOTA
 from proofs.explicit.dealt import check_dealt_scope, dealt_witness_verdicts, explore_dealt
 from proofs.mutants import KILL

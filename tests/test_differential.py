@@ -147,7 +147,7 @@ def test_a_dealt_end_game_large_enough_to_be_sorted_runs_on_gloo_ranks_as_simula
     sim = simulate([[] for _ in range(2)], _settings({"W": 2048, "mode": "pad", "first_window": None}),
                    deal=[((BIG[i],), BIG[i] - 1) for i in order])
     want = [[None if b is None else [order[p] for p in b] for b in row] for row in sim.batches]
-    assert max(sorted_picks) >= deal._FAST_LEFT and max(levels) >= deal._FAST_LEFT
+    assert max(sorted_picks) >= deal.FAST_LEFT and max(levels) >= deal.FAST_LEFT
     spec = {"sharding": "dealt", "mode": "pad", "W": 2048, "lengths": BIG, "drop": (), "first_window": None}
     res = run_ranks(_loader_batches, 2, tmp_path, args=(spec,), timeout_s=120)
     assert all(r.status == "ok" for r in res), [(r.status, r.error_type, (r.error or "")[:800]) for r in res]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import odb
 from mp_harness import ListSampler, Samples, Stream, id_collate, make_lengths, run_ranks, scenario
 from odb.batching import BudgetCost, Resource, default_policy, make_cost_model, pack
-from odb.batching.deal import COST_SCALE, intake_ladder, sample_cost
+from odb.batching.intake import COST_SCALE, intake_ladder, sample_cost
 from odb.core.header import HeaderLayout
 from odb.core.info import Receipts, StepInfo, attach_step_info
 from odb.core.replica import Replicated

@@ -30,7 +30,7 @@ discovered by probing):
 - ``attention`` (0.0): the weight of attention work in a batch's fill, which the
   round exchange posts (`odb.batching.exchange.batch_fill`).
 - ``groups(window, cost)`` (None): the whole groups ``partition`` emits from, so
-  the dealer can bound a rank's intake (`odb.batching.deal.policy_intake`); None
+  the dealer can bound a rank's intake (`odb.batching.intake.policy_intake`); None
   makes no promise (the dealer then tops the rank up to the whole window).
 
 The runtime checks every result against the table's contract and raises

@@ -3,8 +3,9 @@
 Legend
     N        ranks; ``total`` positions ``0 .. total-1`` of the epoch's global order
     need_r   what rank r may take into its window before the next deal, from gathered values only
-             (`round_needs`): ``W - n_r + U_r(T) + ahead_r + 1``, n_r its window at the post, U_r(T)
-             the samples in its T largest groups (posted as `intake_ladder`), ahead_r its prefetch
+             (`odb.batching.intake.round_needs`): ``W - n_r + U_r(T) + ahead_r + 1``, n_r its window at the post, U_r(T)
+             the samples in its T largest groups (posted as `odb.batching.intake.intake_ladder`), ahead_r its
+             prefetch
     taken_r  positions rank r has pulled into its window so far; cost_r their summed measured cost
     pend_r   dealt to rank r and not yet taken; mu the mean measured cost per sample, all ranks
     est_r    rank r's expected total intake: ``cost_r + pend_r * mu``
@@ -17,8 +18,8 @@ The rule, a function of gathered numbers only (every replica deals alike; `Deale
   so it never reads past what it was dealt unless it drops samples (None, empty, skipped oversize);
 * otherwise (the end game) everything left is dealt at once, one position at a time to the rank with
   the lowest ``est_r`` (ties: the lower rank), which then grows by ``mu``, so the ranks' expected totals
-  end level (`heap_order`; computed, with the same picks, when large: in closed form where that provably
-  gives them, `level_order`, else as one sort, `fill_order`);
+  end level (`odb.batching.endgame`: `heap_order`; computed, with the same picks, when large: in closed form
+  where that provably gives them, `level_order`, else as one sort, `fill_order`);
 * a rank that reads past its dealt keys (drops; a policy over its bound) takes the next position of
   its own class from the end of the order, while it lies at or past the dealer's cursor (nobody was
   dealt it; classes are disjoint), and reports it in ``reserve_r``; every replica then skips it.  A
@@ -27,282 +28,29 @@ The rule, a function of gathered numbers only (every replica deals alike; `Deale
 
 Why: with fixed shards the epoch's steps are set by the costliest shard (a shard ceiling mean/max of
 the shards' costs, e.g. 0.95 at 16 ranks with CV 1.0); dealing removes it without moving a sample
-between ranks.  The lead and bound experiments: ``docs/decisions/2026-11-29-dealing.md``.  `Dealer`
-and `DealtOrder` are pure (no torch); the runtime and `odb.core.sim` drive the same objects.
+between ranks.  The lead and bound experiments: ``docs/decisions/2026-11-29-dealing.md``.
+
+Where each part lives: the intake bound in `odb.batching.intake`, the end game's order in `odb.batching.endgame`,
+the `Dealer` here, and a rank's replica of it with the keys dealt to it in `odb.batching.dealt_order`.  All pure
+(no torch); the runtime and `odb.core.sim` drive the same objects.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 import zlib
-from array import array
-from bisect import bisect_left
 from collections import abc
-from functools import lru_cache
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .base import CostModel, Sizes
-from .cost import BudgetCost
-from .grouping import Group
+from .endgame import FAST_LEFT, Levels, fill_order, heap_order, level_order
+from .intake import COST_SCALE
 
-__all__ = ["Dealer", "DealtOrder", "Keys", "COST_SCALE", "sample_cost", "sample_fits", "intake_ladder", "intake_sizes",
-           "intake_bound", "policy_intake", "first_lead", "round_needs", "Posted", "heap_order", "fill_order",
-           "level_order", "Levels"]
-
-COST_SCALE = 1_000_000  # per-sample costs travel in headers as ints: round(cost * COST_SCALE)
-
-
-def sample_cost(cost: CostModel) -> Callable[[Sizes], int]:
-    """``sizes -> round(cost.utilisation([sizes]) * COST_SCALE)``: one sample's cost as the header
-    carries it; for a one-resource padded or packed cost, the same without the generic call."""
-    if isinstance(cost, BudgetCost) and len(cost.resources) == 1 and cost.resources[0].kind != "quadratic":
-        r = cost.resources[0]
-        i, k = r.index, COST_SCALE / r.budget
-        return lambda s: round((s[i] if i < len(s) else 0) * k)
-    return lambda s: round(cost.utilisation([s]) * COST_SCALE)
-
-
-def sample_fits(cost: CostModel) -> Callable[[Sizes], bool]:
-    """``sizes -> cost.fits([sizes])``: one sample within the budget; for a one-resource padded or packed cost, the
-    same without the generic call (a sample alone costs its own size of the resource)."""
-    if isinstance(cost, BudgetCost) and len(cost.resources) == 1 and cost.resources[0].kind != "quadratic":
-        r = cost.resources[0]
-        i, budget = r.index, r.budget
-        return lambda s: (s[i] if i < len(s) else 0) <= budget
-    return lambda s: cost.fits([s])
-
-
-@lru_cache(maxsize=64)
-def intake_ladder(window: int) -> tuple[int, ...]:
-    """The targets T at which a rank posts ``U(T)`` (module docstring): 1, 2, 3, 4, 6, 8, 12, ...
-    (each at most 1.5x the one before), ending with ``window``, the largest target the table allows."""
-    out, v = [], 1
-    while v < window:
-        out.append(v)
-        v = v + 1 if v < 2 else (v * 3) // 2 if v & (v - 1) == 0 else (v * 4) // 3
-    out.append(max(1, int(window)))
-    return tuple(out)
-
-
-def intake_sizes(groups: Sequence[Group], window: int) -> list[int]:
-    """``U(T)`` for every T of `intake_ladder` (window): the samples in the T largest `groups`."""
-    sizes = sorted((len(g.positions) for g in groups), reverse=True)
-    out, acc, k = [], 0, 0
-    for t in intake_ladder(window):
-        while k < min(t, len(sizes)):
-            acc += sizes[k]
-            k += 1
-        out.append(acc)
-    return out
-
-
-def policy_intake(policy, window: Sequence[Sizes], cost: CostModel, W: int) -> list[int]:
-    """What a rank posts for the bound: `intake_sizes` of ``policy.groups(window, cost)`` (its
-    ``partition`` emits whole groups among them, or the whole window when asked for more:
-    `BalancedPolicy`), or when that is None (`AlignmentPolicy.groups`' default) the window size at
-    every T (no bound below the whole window: the dealer then tops the rank up to ``W``)."""
-    groups = policy.groups(window, cost)
-    if groups is None:
-        return [len(window)] * len(intake_ladder(W))
-    return intake_sizes(groups, W)
-
-
-def intake_bound(window: int, n, ladder, target: int):
-    """Positions a rank with `n` samples in its window (at the post) and `ladder` (its posted
-    `intake_sizes`) takes into its window before the next deal, when the round's target is
-    `target` and its policy emits whole groups of `grouping.pack`: ``W - n + U(T)`` with T
-    rounded up the ladder.  Prefetch comes on top.  Every rank at once: `n` an int array and
-    `ladder` a 2-D int array (a row per rank) give an int array."""
-    lad = intake_ladder(window)
-    j = min(bisect_left(lad, target), len(lad) - 1)  # T rounded up the (increasing) ladder
-    u = ladder[:, j] if isinstance(ladder, np.ndarray) and ladder.ndim == 2 else int(ladder[j])
-    out = np.maximum(0, int(window) - n) + u
-    return out if isinstance(out, np.ndarray) else int(out)
-
-
-def first_lead(window: int, aheads: Sequence[int]) -> int:
-    """The first deal's lead, the same on every rank: the window, the largest prefetch any rank
-    posted (``aheads``: each rank's inner-DataLoader prefetch, gathered), and one (a margin: the
-    exhaustive dealt model, ``models/dealt.py``, finds no property that needs it; it absorbs a
-    policy that emits one sample more than its posted bound)."""
-    return int(window) + max(map(int, aheads), default=0) + 1
-
-
-class Posted(NamedTuple):
-    """What the ranks posted for the intake bound, as columns: each rank's window size ``n`` at the post
-    and its intake ladder (a row per rank)."""
-
-    n: Sequence[int]
-    intake: Sequence[Sequence[int]]
-
-
-def round_needs(window: int, target: int, posted: "Posted | Sequence[tuple[int, Sequence[int]]]",
-                aheads: Sequence[int], *, as_array: bool = False) -> "list[int] | np.ndarray":
-    """Each rank's need for one round's deal, from gathered values only: its `intake_bound` (its
-    posted window size ``n`` and intake ladder, the round's target) plus its gathered prefetch
-    (what its inner DataLoader may read ahead of its window before the next deal) and one (the
-    margin of `first_lead`).  `posted`: each rank's ``(n, ladder)``, or `Posted` columns.
-    ``as_array``: an int64 array (what `Dealer.deal_parts` reads), not a list."""
-    if not isinstance(posted, Posted):
-        posted = Posted([n for n, _ in posted], [list(lad) for _, lad in posted])
-    n = np.asarray(posted.n, dtype=np.int64)
-    if len(n) != len(aheads):
-        raise ValueError(f"round_needs got {len(n)} posted headers and {len(aheads)} prefetch values")
-    if not len(n):
-        return np.zeros(0, np.int64) if as_array else []
-    ladder = np.asarray(posted.intake, dtype=np.int64).reshape(len(n), -1)
-    need = intake_bound(window, n, ladder, target) + np.asarray(aheads, dtype=np.int64) + 1
-    return need if as_array else need.tolist()
-
+__all__ = ["Dealer"]
 
 # From this many ranks on, a deal's per-rank checks and its top-up run as array operations (`Dealer._absorb`,
 # `Dealer._top_up`); below it the Python loop over the ranks costs less than the arrays' setup.
 _VECTOR_FROM = 64
-
-# From this many positions on, the end game is computed as one sort (`fill_order`, `Dealer._give_rest`); below it
-# a Python step per position costs less than the arrays' setup.
-_FAST_LEFT = 2048
-
-
-def heap_order(start: Sequence[float], ranks: Sequence[int], mu: float, left: int) -> list[int]:
-    """The end game's rule (module docstring) as written: `left` picks, each the rank with the lowest
-    ``(estimate, rank)``, whose estimate then grows by `mu` (a float addition); ``start`` the ranks'
-    estimates, in the order of ``ranks``."""
-    heap = list(zip(start, ranks))
-    heapq.heapify(heap)
-    out, replace = [], heapq.heapreplace
-    for _ in range(left):
-        est, r = heap[0]
-        out.append(r)
-        replace(heap, (est + mu, r))  # pop the cheapest, push it back one sample costlier
-    return out
-
-
-def fill_order(start: Sequence[float], ranks: Sequence[int], mu: float, left: int,
-               fast_from: int = _FAST_LEFT, margins: Sequence[int] = (2, 64)) -> "list[int] | np.ndarray":
-    """`heap_order`'s picks, the same in the same order, as one sort once `left` reaches `fast_from`.
-
-    Rank r's estimates ``s_r, s_r + mu, (s_r + mu) + mu, ...`` never decrease, so the heap pops the
-    `left` least ``(estimate, rank, k)`` of all the ranks' sequences in that order.  Each sequence is
-    generated by the same float additions (`numpy.add.accumulate` adds in sequence) a margin past the
-    water level (the continuous level at which the ranks below it take `left` in all).  The result
-    stands only if no rank's picks reach the end of what was generated for it (then nothing missing
-    could sort before a pick); else the margin widens (`margins`, past the level), and then the heap decides.  ``ranks``
-    ascending (`Dealer.deal_parts` passes its live ranks)."""
-    if left < max(fast_from, 1) or not 0.0 < mu < math.inf or not all(map(math.isfinite, start)) \
-            or any(a >= b for a, b in zip(ranks, ranks[1:])):
-        return heap_order(start, ranks, mu, left)
-    v0 = np.asarray(start, dtype=np.float64)
-    n = len(v0)
-    low = np.sort(v0)
-    levels = (left * mu + np.cumsum(low)) / np.arange(1, n + 1)  # the level if the m lowest ranks take all
-    level = levels[np.flatnonzero(levels >= low)[-1]]             # the most ranks still below their level
-    base = np.ceil(np.maximum(level - v0, 0.0) / mu).astype(np.int64)
-    for margin in margins:
-        c = np.maximum(base + margin, 1)  # at least each start: a rank above the level is compared too
-        K = int(c.max())
-        if n * K <= 4 * int(c.sum()):  # about level: one (n, K) block, each rank's row accumulated along it
-            est = np.full((n, K), mu)
-            est[:, 0] = v0
-            np.add.accumulate(est, axis=1, out=est)
-            v = est[np.arange(K)[None, :] < c[:, None]]        # rank-major: rank, then k
-        else:
-            v = np.concatenate([np.add.accumulate(np.concatenate(([x], np.full(k - 1, mu)))) for x, k in zip(v0, c)])
-        who = np.repeat(np.arange(n), c)
-        # stable: equal estimates by rank, then k (the rank-major order), as the heap breaks ties; and the merge
-        # of the ranks' sorted runs is faster than a quicksort (3.6 against 8.6 ms for 1,024 runs of 220)
-        order = np.argsort(v, kind="stable")
-        picked = who[order[:left]]
-        if (np.bincount(picked, minlength=n) < c).all():
-            return np.asarray(ranks, dtype=np.int64)[picked]
-    return heap_order(start, ranks, mu, left)
-
-
-class Levels:
-    """The end game's picks in closed form (`level_order`), where they provably are `heap_order`'s.
-
-    With the start estimates written ``s_r = s_0 + a_r mu + ph_r`` (``s_0`` the least, ``a_r`` a whole number of
-    steps, ``0 <= ph_r < mu`` the phase), rank r's k-th estimate lies on level ``a_r + k``, and the picks run level
-    by level, each level's ranks in the order ``(ph_r, r)``.  ``counts`` (per entry of ``start``) and `picks_of`
-    (the indices into the pick sequence of one entry's picks, ascending) read that order without building it:
-    O(N log N) for the levels and the counts, O(N + c) for one rank's picks, where the sort takes O(left log N)."""
-
-    __slots__ = ("a", "order", "where", "sorted_a", "pre", "counts", "left")
-
-    def __init__(self, a: "np.ndarray", order: "np.ndarray", level: int, left: int, sorted_a: "np.ndarray",
-                 pre: "np.ndarray"):
-        self.a, self.order, self.left, self.sorted_a, self.pre = a, order, left, sorted_a, pre
-        self.where = np.empty(len(a), np.int64)
-        self.where[order] = np.arange(len(a))                    # each entry's place in the (ph, r) order
-        counts = np.maximum(level - a, 0)                        # whole levels below the last one
-        at = order[a[order] <= level]                            # the last level's ranks, in (ph, r) order
-        counts[at[:left - self._below(level)]] += 1
-        self.counts = counts
-
-    def _below(self, level):
-        """Picks on the levels below `level` (an int or an int array): ``sum_r max(0, level - a_r)``."""
-        c = np.searchsorted(self.sorted_a, level, "left")
-        return c * level - self.pre[c]
-
-    def picks_of(self, i: int) -> "np.ndarray":
-        """The places of entry i's picks in the pick sequence, ascending (its k-th on level ``a_i + k``, after the
-        levels below and the ranks before it in ``(ph, r)`` order on its own level)."""
-        levels = self.a[i] + np.arange(int(self.counts[i]), dtype=np.int64)
-        before = np.sort(self.a[self.order[:self.where[i]]])
-        return self._below(levels) + np.searchsorted(before, levels, "right")
-
-
-_U = 2.0 ** -53  # the unit roundoff of a float64 addition or product (round to nearest)
-
-
-def _distinct(v: "np.ndarray") -> "np.ndarray":
-    """``np.unique(v)`` of a float array: its distinct values, ascending.  Not ``np.unique`` itself: numpy 2.4's
-    imports ``numpy.ma`` on its first call (12-22 ms measured), which stalled the first end-game deal of a
-    process in the middle of its epoch."""
-    s = np.sort(v)
-    return s[np.concatenate(([True], s[1:] != s[:-1]))] if len(s) else s
-
-
-def level_order(start: Sequence[float], mu: float, left: int) -> "Levels | None":
-    """`heap_order`'s picks as `Levels`, for ranks in ascending order, or None where the levels cannot be
-    trusted (then the sort or the heap decides).
-
-    The heap compares float estimates ``v_rk``, each ``v_r(k-1) + mu`` rounded, so ``|v_rk - (s_r + k mu)|
-    <= k u V`` (u the unit roundoff; V bounds every estimate compared, up to the level after the last pick).  Two
-    ranks with the same start have the same floats: the heap breaks their ties by rank, as the levels do.  Any two
-    other estimates lie at least the least gap between distinct phases (the wrap past ``mu`` included) apart, as
-    reals; the phases are computed within ``3 u V``.  So the levels' order is the floats' wherever each such gap
-    exceeds ``M = (4 K + 16) u V`` (K the most steps a rank takes), which is checked here: two distinct starts whose
-    phases come closer (a start ``j mu`` above another, say) return None, and so does a step ``mu <= M`` (the wrap
-    gap is at most ``mu``), where ``v + mu`` may round to ``v``."""
-    v0 = np.asarray(start, dtype=np.float64)
-    n = len(v0)
-    if n == 0 or left < 1 or not 0.0 < mu < math.inf or not np.isfinite(v0).all():
-        return None
-    s0 = v0.min()
-    x = v0 - s0
-    a = np.floor(x / mu)
-    ph = x - a * mu
-    if a.max() > 2 ** 52:
-        return None
-    a = a.astype(np.int64)
-    lo, hi = 0, left + 1  # the last level: the most L with sum_r max(0, L - a_r) <= left (a_r >= 0, one at 0)
-    sorted_a = np.sort(a)
-    pre = np.concatenate(([0], np.cumsum(sorted_a)))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        c = int(np.searchsorted(sorted_a, mid, "left"))
-        lo, hi = (mid, hi) if c * mid - int(pre[c]) <= left else (lo, mid)
-    steps = lo + 2                                   # a rank's estimates compared: up to the level after the last
-    bound = 2 * float(np.abs(v0).max()) + (steps + 2) * mu
-    gap = (4 * steps + 16) * _U * bound
-    q = _distinct(ph)                                # one phase per distinct start (equal starts: equal phases)
-    if len(_distinct(v0)) != len(q) or q[0] != 0.0 or q[0] + mu - q[-1] < gap or (np.diff(q) < gap).any():
-        return None
-    return Levels(a, np.argsort(ph, kind="stable"), lo, left, sorted_a, pre)
 
 
 class _Part(abc.Sequence):
@@ -562,7 +310,7 @@ class Dealer:
             k = int(top_a.sum())
             if left > k and self.cursor + k <= self._first_reserved():
                 return self._top_up(top_a)
-            if left <= k and left >= _FAST_LEFT:  # the end game, without the lists below
+            if left <= k and left >= FAST_LEFT:  # the end game, without the lists below
                 return self._end_game(taken, _ints(cost), left)
         live = np.flatnonzero(~self.closed).tolist()
         out: list = [[] for _ in range(w)]
@@ -574,7 +322,7 @@ class Dealer:
             for r in live:
                 out[r] = self._give_many(r, top[r], free_below)
             return out
-        if left >= _FAST_LEFT:
+        if left >= FAST_LEFT:
             return self._end_game(taken, _ints(cost), left)
         n_taken = int(taken.sum())
         cost = [int(v) for v in cost]
@@ -582,7 +330,7 @@ class Dealer:
         return self._give_rest(heap_order([cost[r] + pend[r] * mu for r in live], live, mu, left), out)
 
     def _end_game(self, taken: "np.ndarray", cost: "np.ndarray", left: int) -> "_EndParts":
-        """`deal_parts`'s end game past `_FAST_LEFT` positions, its estimates as array operations: the heap's
+        """`deal_parts`'s end game past `FAST_LEFT` positions, its estimates as array operations: the heap's
         ``cost[r] + pend[r] * mu``, the same float operations element by element; the picks from `level_order`
         where it answers, else from `fill_order`."""
         live = np.flatnonzero(~self.closed)
@@ -620,7 +368,7 @@ class Dealer:
     def _give_rest(self, picks: Sequence[int], out: list) -> list:
         """Every position neither dealt nor reserved, in order, the i-th to rank ``picks[i]`` (``len(picks)`` is
         `left`); `out` the parts to fill (empty lists)."""
-        if len(picks) < _FAST_LEFT:
+        if len(picks) < FAST_LEFT:
             for r in picks:
                 out[r].append(self._give(r))
             return out
@@ -705,133 +453,3 @@ class Dealer:
         self.dealt = np.array([int(v) for v in state["dealt"]], np.int64).reshape(self.world)
         self.reserve = np.array([int(v) for v in state["reserve"]], np.int64).reshape(self.world)
         self.closed = np.array([bool(v) for v in state["closed"]], bool).reshape(self.world)
-
-
-class Keys(abc.Sequence):
-    """An epoch's order of ``(position, index)`` keys held as two int sequences (`array` or `range`):
-    indexing gives the pair.  What a dealt rank holds of the whole epoch: N ranks each hold every key,
-    and one tuple per key (millions at cluster scale) is memory and a collector pass over all of them
-    at every full collection (measured: ~100 ms pauses at 2M keys).  Immutable."""
-
-    __slots__ = ("pos", "idx")
-
-    def __init__(self, pos: Sequence[int], idx: Sequence[int]):
-        if len(pos) != len(idx):
-            raise ValueError(f"Keys got {len(pos)} positions and {len(idx)} indices")
-        self.pos, self.idx = pos, idx
-
-    @classmethod
-    def of(cls, order: Sequence, skip=frozenset()) -> "Keys | list":
-        """The keys ``(p, order[p])`` for every position p not in `skip`: compact when every index is an
-        int (a sampler's usual indices), else a plain list of pairs."""
-        pos = array("q", (p for p in range(len(order)) if p not in skip)) if skip else range(len(order))
-        try:
-            return cls(pos, array("q", (order[p] for p in pos)))
-        except (TypeError, OverflowError):  # not plain ints: keep them as they came
-            return [(p, order[p]) for p in pos]
-
-    def __len__(self) -> int:
-        return len(self.pos)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return Keys(self.pos[i], self.idx[i])
-        return self.pos[i], self.idx[i]
-
-    def take(self, at: Sequence[int]) -> list[tuple[int, Any]]:
-        """``[self[p] for p in at]``; a run of consecutive positions (a top-up's part) in one slice."""
-        if isinstance(at, range) and at.step == 1 and 0 <= at.start <= at.stop <= len(self):
-            return list(zip(self.pos[at.start:at.stop], self.idx[at.start:at.stop]))
-        return [self[p] for p in at]
-
-
-class DealtOrder:
-    """One epoch of dealt sharding on one rank: the epoch's global order of keys still to emit
-    (identical on every rank), this rank's replica of the `Dealer`, and the keys dealt to this
-    rank in the order its data source reads them (`key`).
-
-    `first` and `deal` apply a deal (every rank applies the same deals, from gathered numbers
-    only) and return this rank's new keys.  `key(i)` answers the source's i-th read: a dealt
-    key, else (while more may still be dealt) this rank's next reserve position, which it
-    counts in `reserve_taken` and reports in its next header; else None.  A None while more
-    could have been dealt makes the rank *dry* (`dry`): its source ends and the dealer deals
-    it nothing more (module docstring).  Pure: no torch, no threads.
-
-    Who touches it: it is built with its first deal at the pass start (`odb.runtime.epoch_pass.start_engine`,
-    `odb.core.sim`); after that the rank's data source alone reads it (`key`, `keys`, `dry`, `reserve_taken`,
-    `undealt`: the rank core asks the source, never the order) and the replicated decision alone advances it
-    (`deal`, in `odb.core.replica.Replicated.decide`, which also posts its dealer's digest).
-    """
-
-    def __init__(self, keys: Sequence[tuple[int, Any]], world_size: int, rank: int, lead: int, stats=None,
-                 shared_deals: dict | None = None):
-        # a tuple or `Keys` is kept as it is: immutable, so many ranks in one process (a simulation) share one
-        self.order, self.rank, self.stats = (keys if isinstance(keys, (tuple, Keys)) else list(keys)), rank, stats
-        # many replicas in one process (`odb.core.sim`): the last deal, keyed by the dealer's whole state and
-        # the deal's inputs, so N replicas in the same state compute it once (a deal is a pure function of both)
-        self._shared = shared_deals
-        self.dealer = Dealer(len(self.order), world_size, lead)
-        self.keys: list[tuple[int, Any]] = []  # this rank's keys, as its source reads them
-        self.reserve_taken = 0                 # reserve positions this rank took itself (in its headers)
-        self.dry = False                       # a read found nothing while more could have been dealt
-
-    @property
-    def done(self) -> bool:
-        """Every position of the order has been dealt or taken from a reserve."""
-        return self.dealer.done
-
-    def first(self) -> list[tuple[int, Any]]:
-        """The first deal (before any cost is known): this rank's keys."""
-        return self._mine(self._apply(self.dealer.start_parts, ()))
-
-    def deal(self, taken: Sequence[int], cost: Sequence[int], dry: Sequence[int],
-             reserve: Sequence[int], need: Sequence[int] | None = None) -> list[tuple[int, Any]]:
-        """One round's deal from the gathered numbers (`Dealer.deal`): this rank's new keys."""
-        return self._mine(self._apply(self.dealer.deal_parts, (taken, cost, dry, reserve, need)))
-
-    def _apply(self, fn: Callable, args: tuple) -> list:
-        if self._shared is None:
-            return fn(*args)
-        # the key as bytes (the state's, each input's as int64): compared in C, where tuples of ints were N^2 a round
-        key = (fn.__name__, self.dealer.state_key(),
-               tuple(None if a is None else np.asarray([int(v) for v in a] if not isinstance(a, np.ndarray) else a,
-                                                       np.int64).tobytes() for a in args))
-        hit = self._shared.get("deal")
-        if hit is not None and hit[0] == key:
-            self.dealer.restore(hit[1])
-            return hit[2]
-        parts = fn(*args)
-        self._shared["deal"] = (key, self.dealer.snapshot(), parts)
-        return parts
-
-    def _mine(self, parts: Sequence[Sequence[int]]) -> list[tuple[int, Any]]:
-        part = parts[self.rank]
-        mine = self.order.take(part) if isinstance(self.order, Keys) else [self.order[p] for p in part]
-        self.keys.extend(mine)
-        if self.stats is not None:
-            self.stats.dealt += len(mine)
-        return mine
-
-    def key(self, i: int) -> tuple[int, Any] | None:
-        """The key of this rank's i-th read (reads come in order i = 0, 1, ...), or None: the end.
-        Raises ValueError for a read past the next one (a reserve take would answer the wrong read)."""
-        if i < len(self.keys):
-            return self.keys[i]
-        if i > len(self.keys):
-            raise ValueError(f"read {i} of rank {self.rank}'s dealt keys before read {len(self.keys)}")
-        if self.done or self.dry:
-            return None
-        p = self.dealer.reserve_position(self.rank, self.reserve_taken)
-        if self.stats is not None:
-            self.stats.reserve_taken += p is not None
-            self.stats.ran_dry += p is None
-        if p is None:
-            self.dry = True
-            return None
-        self.reserve_taken += 1
-        self.keys.append(self.order[p])
-        return self.keys[-1]
-
-    def undealt(self) -> list:
-        """The dataset indices (second key items) not dealt to any rank yet."""
-        return [self.order[p][1] for p in self.dealer.undealt()]

@@ -55,8 +55,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .deal import COST_SCALE
 from .grouping import Group
+from .intake import COST_SCALE
 from .policy import aligned_fill
 
 __all__ = ["exchange_plan", "plan_origins", "check_plan", "moved", "batch_fill", "batch_key", "pack_key",

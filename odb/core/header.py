@@ -2,7 +2,7 @@
 
 Legend
     S        the alignment policy's ``summary_len``
-    L        ``len(odb.batching.deal.intake_ladder(W))``: 20 for W = 1024
+    L        ``len(odb.batching.intake.intake_ladder(W))``: 20 for W = 1024
     W        the window (``buffer_size``); a round emits at most W batches per rank
     length   ``7 + S + 4 + L`` ints (``+ W`` with ``exchange``), the gathered header, the same on every rank
 
@@ -21,7 +21,7 @@ Header fields, in order (`Header`):
               cost x ``COST_SCALE``, whether it ran dry, reserve positions it took itself; a stream's or a
               sampler's round 0 posts in ``cost`` a digest of the window's first samples (`odb.core.rank`:
               ``start_digest``), which no decision reads
-    intake    L ints: `odb.batching.deal.policy_intake` of the window (zeros unless dealing)
+    intake    L ints: `odb.batching.intake.policy_intake` of the window (zeros unless dealing)
     fills     W ints, only in a layout with ``exchange`` (`odb.core.rank`, the round exchange): the fill of
               each batch of the round before (``odb.batching.exchange.batch_fill``, pool batch order), -1 for
               a filler or a slot past the round's target

@@ -37,7 +37,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..batching.base import check_partition, summaries_for
-from ..batching.deal import policy_intake, sample_cost, sample_fits
+from ..batching.intake import policy_intake, sample_cost, sample_fits
 from ..errors import ProtocolError, RankFailure, SampleError
 from ..protocol import machine
 from ..protocol.table import DGAP, DONE, JOIN, QUOTA, WAIT
@@ -88,7 +88,7 @@ class RankCore:
     :param source: ``next() -> raw item | None`` (None: exhausted; may raise `Interrupted` or any
         error, which becomes this rank's local error), ``pulled`` (raw items returned this pass),
         ``remaining() -> list | None`` (indices not read yet, for QUOTA's count), and of the dealt
-        order (`odb.batching.deal.DealtOrder`, which the core never reads itself): ``dry`` (its keys
+        order (`odb.batching.dealt_order.DealtOrder`, which the core never reads itself): ``dry`` (its keys
         ran dry), ``reserve_taken`` and ``undealt()`` (0 and [] for fixed shards).
     :param template: ``template(fallback)`` returns a sample to build PAD fillers from when the rank has
         seen none within the budget; ``fallback`` is the cheapest over-budget sample it saw (None if none);

@@ -20,7 +20,7 @@ Legend
    summary may be a placeholder, and the round ends anyway);
 3. the round's target, the table's own ``Let("target")`` (`round_target`);
 4. dealt sharding: the deal, from the gathered ``taken, cost, dry, reserve`` and each
-   rank's need (`odb.batching.deal.round_needs` of the gathered window, intake ladder and
+   rank's need (`odb.batching.intake.round_needs` of the gathered window, intake ladder and
    prefetch).
 
 Its inputs are the rows, `Shared`, the gathered ``aheads``, the policy (compared by
@@ -39,7 +39,8 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..batching.base import summaries_for
-from ..batching.deal import DealtOrder, Posted, round_needs
+from ..batching.dealt_order import DealtOrder
+from ..batching.intake import Posted, round_needs
 from ..errors import ConfigError, ProtocolError
 from ..protocol import machine
 from ..protocol.expr import Let, Scope, evaluate

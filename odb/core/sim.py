@@ -9,7 +9,7 @@ Legend
 Every rank is the runtime's own `odb.core.rank.RankCore` with the runtime's header
 (`odb.core.header.HeaderLayout`), its replicated decision (`odb.core.replica.Replicated`, the
 prefetch of each rank in ``aheads`` included in the intake bound) and, when dealing, its
-`odb.batching.deal.DealtOrder` read key by key as the runtime's source reads it with no DataLoader
+`odb.batching.dealt_order.DealtOrder` read key by key as the runtime's source reads it with no DataLoader
 workers.  Only the environment is simulated: the data source (no preprocessing, no prefetch
 reads) and the collective (the posted headers, gathered in rank order).  `simulate` with the
 same order, settings and policy emits the batches `odb.ODBDataLoader` emits with ``num_workers=0``
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..batching.base import AlignmentPolicy
-from ..batching.deal import DealtOrder, Keys, first_lead, intake_ladder
+from ..batching.dealt_order import DealtOrder, Keys
+from ..batching.intake import first_lead, intake_ladder
 from ..errors import ConfigError, ProtocolError
 from ..protocol.table import MODES
 from ..settings import LoaderSettings

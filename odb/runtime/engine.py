@@ -36,7 +36,7 @@ import queue
 import threading
 import time
 
-from ..batching.deal import intake_ladder
+from ..batching.intake import intake_ladder
 from ..core.header import Gathered, HeaderLayout, Post
 from ..core.rank import RankCore
 from ..core.types import CLOSED, FAILED, OK, Batch

@@ -17,7 +17,8 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, Protocol, Sequence
 
-from ..batching.deal import DealtOrder, Keys, first_lead
+from ..batching.dealt_order import DealtOrder, Keys
+from ..batching.intake import first_lead
 from ..core.info import LOSS_BASES, Receipts, attach_step_info
 from ..core.placement import pool_aheads
 from ..core.rank import START_SAMPLES, RankCore

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
-from ..batching.deal import DealtOrder
+from ..batching.dealt_order import DealtOrder
 from ..core.types import Failure, Interrupted
 from ..errors import SampleError
 
@@ -183,7 +183,7 @@ class _IterFetch(IterableDataset):
 class _Keys(Sampler):
     """Yields this epoch's ``(position, index)`` keys; reassigned per epoch (works with persistent workers).
 
-    Fixed shards: the list `keys`.  Dealt sharding: `deal` (`odb.batching.deal.DealtOrder`) answers
+    Fixed shards: the list `keys`.  Dealt sharding: `deal` (`odb.batching.dealt_order.DealtOrder`) answers
     each read, its keys growing while the epoch runs (and, between deals, from this rank's reserve);
     the iterator ends when it answers None.  It never blocks: the thread that pulls keys is the
     engine thread that applies the deals.

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 from models.dealt import COST, RET, DealtModel
 from models.scopes import DealtScope
-from odb.batching.deal import Dealer, DealtOrder, intake_bound, round_needs
+from odb.batching.deal import Dealer
+from odb.batching.dealt_order import DealtOrder
+from odb.batching.intake import intake_bound, round_needs
 
 from ..explicit.dealt import check_dealt_scope
 from .check import KILL, MutantResult

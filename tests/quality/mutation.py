@@ -56,7 +56,8 @@ PACKAGES = {
                  FAST + "tests/test_core.py tests/test_differential.py tests/test_pool.py tests/test_exchange.py "
                  "tests/test_batching_sim.py tests/test_survivor_classes.py tests/test_runtime_single.py "
                  "tests/test_bench_decision.py tests/test_day_one.py tests/test_observe.py"),
-    "odb/batching": (["odb/batching/deal.py", "odb/batching/policy.py", "odb/batching/grouping.py",
+    "odb/batching": (["odb/batching/deal.py", "odb/batching/intake.py", "odb/batching/endgame.py",
+                      "odb/batching/dealt_order.py", "odb/batching/policy.py", "odb/batching/grouping.py",
                       "odb/batching/cost.py", "odb/batching/exchange.py", "odb/batching/base.py"],
                      FAST + "tests/test_batching_policy.py tests/test_batching_cost.py tests/test_deal.py "
                      "tests/test_dealt.py tests/test_exchange.py tests/test_batching_sim.py "
