@@ -15,7 +15,7 @@ import signal
 import time
 import warnings
 from collections.abc import Mapping, MutableMapping
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from ..batching.dealt_order import DealtOrder, Keys
 from ..batching.intake import first_lead
@@ -33,6 +33,16 @@ from .observe import PassObserver
 from .source import measure_sample
 from .trace import TraceWriter, trace_path
 
+if TYPE_CHECKING:  # the members' types only (the loader's modules import this one)
+    from ..batching.base import AlignmentPolicy, CostModel
+    from ..core.header import HeaderLayout
+    from ..core.info import LoaderStats
+    from ..core.shared import Shared
+    from ..settings import LoaderSettings
+    from .group import LoaderGroup
+    from .ledger import EpochLedger
+    from .source import Source
+
 __all__ = ["Pass", "PassHost", "start_engine", "filler_template", "cut_to_budget", "check_filler", "sample_fits"]
 
 
@@ -42,20 +52,20 @@ class PassHost(Protocol):
 
     rank: int
     world_size: int
-    settings: Any            # `odb.settings.LoaderSettings`
-    dataset: Any
+    settings: LoaderSettings
+    dataset: Any             # the user's: map-style or iterable, any sample type
     collate_fn: Callable
-    cost: Any                # the built cost model and policy, the header layout and the compared settings
-    policy: Any
-    layout: Any
-    shared: Any
+    cost: CostModel          # the built cost model and policy, the header layout and the compared settings
+    policy: AlignmentPolicy
+    layout: HeaderLayout
+    shared: Shared
     sharding: str            # "dealt" or "fixed"
     mode: str
     timeout_s: float
-    stats: Any               # `odb.core.info.LoaderStats`: the pass counts into it
-    ledger: Any              # `odb.runtime.ledger.EpochLedger`: the pass records its batches there
-    source: Any              # `odb.runtime.source.Source`: this rank's preprocessing
-    group: Any               # `odb.runtime.group.LoaderGroup`
+    stats: LoaderStats       # the pass counts into it
+    ledger: EpochLedger      # the pass records its batches there
+    source: Source           # this rank's preprocessing
+    group: LoaderGroup
     aheads: Sequence[int]    # every rank's prefetch, gathered at construction
     loader_id: int
     closed: bool             # read on every batch: the loader was closed under the pass
