@@ -105,11 +105,10 @@ def test_the_cycle_check_has_teeth(monkeypatch):
 
 def test_a_pass_reads_its_loader_only_through_the_members_pass_host_names():
     # the loader and its pass talk through `PassHost`: no private attribute, nothing it does not name
-    import typing
-
     from odb.runtime.epoch_pass import PassHost
 
-    named = set(typing.get_type_hints(PassHost)) | {n for n in vars(PassHost) if not n.startswith("_")}
+    members = set(PassHost.__annotations__)  # the names (their types are for a type checker: not evaluated here)
+    named = members | {n for n in vars(PassHost) if not n.startswith("_")}
     read = set()
     for f in ("odb/runtime/epoch_pass.py", "odb/runtime/observe.py"):
         for node in ast.walk(ast.parse((ROOT / f).read_text())):
@@ -117,7 +116,7 @@ def test_a_pass_reads_its_loader_only_through_the_members_pass_host_names():
                 read.add(node.attr)
     assert read and read <= named, f"a pass reads {sorted(read - named)} of its loader outside PassHost"
     from odb import ODBDataLoader
-    assert all(hasattr(ODBDataLoader, n) or n in typing.get_type_hints(PassHost) for n in named)
+    assert all(hasattr(ODBDataLoader, n) or n in members for n in named)
 
 
 def test_no_module_of_odb_imports_another_modules_private_name():
