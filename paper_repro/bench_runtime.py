@@ -48,8 +48,7 @@ import torch
 
 import odb
 from odb.batching import BalancedPolicy, default_policy
-from odb.core.header import Post
-from odb.runtime.engine import header_layout
+from odb.core.header import Post, header_layout
 from odb.runtime.transport import HeaderGather, counts_mode
 
 from . import bench_decision

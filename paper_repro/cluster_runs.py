@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from odb.runtime.engine import header_layout
+from odb.core.header import header_layout
 
 from . import cluster_sim as cs
 

@@ -64,9 +64,9 @@ def default_point(r: dict, **overrides) -> dict:
     `overrides`: `odb.LoaderSettings` fields set otherwise (``first_window=None``: today's default without the
     first rounds' smaller windows)."""
     from odb import LoaderSettings
+    from odb.core.header import header_layout
     from odb.core.sim import simulate
     from odb.plan import stepmodel as cs
-    from odb.runtime.engine import header_layout
 
     from .bench_grid import _exactly_once, point
     from .bench_metrics import metrics

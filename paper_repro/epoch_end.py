@@ -86,8 +86,8 @@ def epoch_end(dist: str, world: int, window: int, per_rank: int, kind: str = "pa
     prototypes and the step-time model's figures too (padded cost only)."""
     from odb import LoaderSettings
     from odb.batching import default_policy
+    from odb.core.header import header_layout
     from odb.core.sim import simulate
-    from odb.runtime.engine import header_layout
 
     from .bench_grid import _exactly_once, point
     from .bench_metrics import metrics

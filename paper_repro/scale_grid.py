@@ -208,7 +208,7 @@ def run_point(dist: str, world: int, window: int, budget: int, kind: str, per_ra
     """Every method of `METHODS` on one point, both scores (module docstring)."""
     from odb.baselines import step_lower_bound
     from odb.batching import default_policy
-    from odb.runtime.engine import header_layout
+    from odb.core.header import header_layout
 
     from . import cluster_sim as cs
     from .bench_grid import _exactly_once, point, schedules
@@ -256,8 +256,8 @@ def _pooled(pt, world: int, window: int, collate: str, filler: int, exchange: bo
     with the round exchange (`exchange`) too, and its data movement; `slack`: its budget balance (basis points)."""
     from odb import Exchanged, LoaderSettings, Pooled
     from odb.batching import default_policy
+    from odb.core.header import header_layout
     from odb.core.sim import simulate
-    from odb.runtime.engine import header_layout
 
     from . import cluster_sim as cs
     from .bench_grid import _exactly_once

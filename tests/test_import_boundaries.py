@@ -133,3 +133,18 @@ def test_no_module_of_odb_imports_another_modules_private_name():
                 found += [f"{path.relative_to(root.parent)}:{node.lineno} {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_identity"]
     assert not found, found
+
+
+def test_only_header_layout_builds_a_header_layout():
+    """The loader, the simulation, the planner and the benchmarks build their header layout with one function
+    (`odb.core.header.header_layout`): a second construction could drift from the one the loader runs."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    built = []
+    for path in sorted([*root.joinpath("odb").rglob("*.py"), *root.joinpath("paper_repro").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "HeaderLayout":
+                built.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert len(built) == 1 and built[0].startswith("odb/core/header.py:"), built

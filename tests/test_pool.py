@@ -181,7 +181,7 @@ def _pooled(world, lanes, W, replicas=False, deal=None, on_round=None):
 @pytest.mark.parametrize("world, lanes, W", [(2, 2, 8), (4, 2, 6), (4, 4, 5), (6, 3, 16), (8, 2, 4), (8, 8, 3)])
 def test_one_core_per_pool_emits_what_every_rank_replica_emits(world, lanes, W):
     from odb.batching import default_policy
-    from odb.runtime.engine import header_layout
+    from odb.core.header import header_layout
 
     layout, largest = header_layout(default_policy().summary_len, W, lanes), []
     one, order = _pooled(world, lanes, W, on_round=lambda k, posts: largest.append(

@@ -64,7 +64,7 @@ def test_simulate_counts_samples_fillers_and_stragglers():
 
 def test_protocol_cost_counts_the_runtime_header_and_the_release_gather():
     from odb.batching import default_policy
-    from odb.runtime.engine import header_layout
+    from odb.core.header import header_layout
 
     for w in (64, 1024):
         h = header_layout(default_policy().summary_len, w).length

@@ -386,10 +386,10 @@ def test_the_header_carries_the_status_the_row_posted_not_a_later_one():
     # fired is posted in the next round's header, so the trace and the header agree
     from odb.batching import default_policy, make_cost_model
     from odb.core import Replicated, Shared
+    from odb.core.header import header_layout
     from odb.core.info import LoaderStats
     from odb.core.rank import RankCore
     from odb.core.types import CLOSED
-    from odb.runtime.engine import header_layout
 
     class Listed:  # a data source of four samples
         def __init__(self):

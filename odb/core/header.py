@@ -47,9 +47,10 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from ..batching.intake import intake_ladder
 from .types import COUNTS_LEN
 
-__all__ = ["Header", "HeaderLayout", "Headers", "Post", "Gathered", "REPLICATED", "reduce_posts"]
+__all__ = ["Header", "HeaderLayout", "Headers", "Post", "Gathered", "REPLICATED", "reduce_posts", "header_layout"]
 
 REPLICATED = ("epoch", "deal", "target", "proposal")  # fields every rank must post alike
 _SCALARS = ("st", "round", "n") + REPLICATED
@@ -249,3 +250,10 @@ class HeaderLayout:
         if len(g.totals) != self.counts_len or len(g.tokens_max) != self.counts_len // 3:
             raise ValueError(f"reduced counts of {len(g.totals)} + {len(g.tokens_max)} ints, the layout holds "
                              f"{self.counts_len} + {self.counts_len // 3}")
+
+
+def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False, slack: int = 0) -> HeaderLayout:
+    """The header layout of a loader with this policy summary length and window (per rank), `lanes` ranks per
+    pool (`odb.core.placement`: the table's window is ``lanes * W``), the round exchange or not, and its budget
+    balance's `slack` (basis points): what the loader, the simulation and the planner build theirs with."""
+    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange, slack)

@@ -25,11 +25,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..batching.base import AlignmentPolicy
 from ..batching.dealt_order import DealtOrder, Keys
-from ..batching.intake import first_lead, intake_ladder
+from ..batching.intake import first_lead
 from ..errors import ConfigError, ProtocolError
 from ..protocol.table import MODES
 from ..settings import LoaderSettings
-from .header import Gathered, HeaderLayout, Post, reduce_posts
+from .header import Gathered, Post, header_layout, reduce_posts
 from .info import LOSS_BASES, LoaderStats
 from .placement import check_pool, pool_aheads
 from .rank import RankCore
@@ -187,7 +187,7 @@ class _Setting:
         self.aheads = pool_aheads(tuple(aheads) if aheads is not None else (0,) * n, s.lanes)
         self._policy = pol  # every core gets its own copy: one policy per rank, as the runtime builds them
         w = s.lanes * s.buffer_size  # the table's window: a pool's
-        self.layout = HeaderLayout(pol.summary_len, w, len(intake_ladder(w)), s.lanes, s.exchange, s.slack_bp)
+        self.layout = header_layout(pol.summary_len, s.buffer_size, s.lanes, s.exchange, s.slack_bp)  # the loader's
         self.shared = Shared(protocol="sim", window=w, mode=s.mode, sharding=sharding,
                              header_len=self.layout.length, policy=describe_policy(pol), cost=describe_cost(self.cost),
                              loss_basis=s.loss_basis, shift_labels=False, order="sim", lanes=s.lanes,

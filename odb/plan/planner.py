@@ -342,8 +342,8 @@ class _Epoch:
     def predict(self, c: Candidate, gmt: dict, std: dict) -> tuple[Prediction, float]:
         """(candidate `c`'s prediction, seconds it took)."""
         from ..batching import default_policy, make_cost_model
+        from ..core.header import header_layout
         from ..core.sim import simulate
-        from ..runtime.engine import header_layout
 
         t0 = time.perf_counter()
         cm, sizes, world_size = make_cost_model(self.cost, c.token_budget), self.sizes, self.world_size

@@ -36,8 +36,7 @@ import queue
 import threading
 import time
 
-from ..batching.intake import intake_ladder
-from ..core.header import Gathered, HeaderLayout, Post
+from ..core.header import Gathered, Post
 from ..core.rank import RankCore
 from ..core.types import CLOSED, FAILED, OK, Batch
 from ..errors import ProtocolError, RankFailure
@@ -46,14 +45,7 @@ from .group import collective_failure
 from .trace import TraceWriter
 from .transport import BatchTransfer, HeaderGather, counts_mode
 
-__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED", "header_layout"]
-
-
-def header_layout(summary_len: int, W: int, lanes: int = 1, exchange: bool = False, slack: int = 0) -> HeaderLayout:
-    """The header layout of a loader with this policy summary length and window (per rank), `lanes`
-    ranks per pool (`odb.core.placement`: the table's window is ``lanes * W``), the round exchange or not, and
-    its budget balance's `slack` (basis points)."""
-    return HeaderLayout(summary_len, lanes * W, len(intake_ladder(lanes * W)), lanes, exchange, slack)
+__all__ = ["Engine", "Batch", "OK", "CLOSED", "FAILED"]
 
 
 class Engine:

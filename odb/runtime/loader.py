@@ -26,11 +26,12 @@ from typing import Callable, Iterator
 from torch.utils.data import IterableDataset
 
 from ..batching.collate import pad_collate
+from ..core.header import header_layout
 from ..core.info import LoaderStats
 from ..core.placement import check_pool, placement_label
 from ..errors import ConfigError
 from ..settings import LoaderSettings, settings_help
-from .engine import CLOSED, Engine, header_layout
+from .engine import CLOSED, Engine
 from .epoch_pass import Pass, check_filler, sample_fits, start_engine  # a pass reads the loader as a `PassHost`
 from .group import LoaderGroup, dataset_probe, group_size, probe_stable
 from .ledger import EpochLedger
