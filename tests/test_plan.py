@@ -568,3 +568,26 @@ def test_the_recommendation_prices_a_pool_by_its_whole_window_and_prints_none_wh
     assert rec.candidate == Candidate(512, 64) and "buffer_size=64: the smallest window" in why[1]
     assert rec.candidate.call().endswith("buffer_size=64, placement=None)")
     assert Candidate(512, 32, 4).call().endswith("placement=odb.Pooled(size=4))")
+
+
+def test_a_script_without_the_main_guard_gets_a_clear_error_from_plan_with_processes_and_never_hangs(tmp_path):
+    """``jobs`` > 1 starts worker processes, each importing the calling script: one that plans at its top level
+    fails at once, naming the ``__main__`` guard (before: the pool waited for good on the first worker's start);
+    the same script under the guard plans."""
+    body = ("import numpy as np\nfrom odb.plan import plan\n{guard}"
+            "{ind}lengths = np.clip(np.random.default_rng(0).lognormal(6.0, 0.9, 20000).astype(int), 8, 16000)\n"
+            "{ind}print(plan(lengths, world_size=8, budgets=[8192], windows=[256, 1024], jobs=2).recommended"
+            ".candidate.call())\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for guarded in (False, True):
+        script = tmp_path / f"plan_{guarded}.py"
+        script.write_text(body.format(guard='if __name__ == "__main__":\n' if guarded else "",
+                                      ind="    " if guarded else ""))
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=240, env=env)
+        if guarded:
+            assert out.returncode == 0 and out.stdout.startswith("ODBDataLoader(dataset, token_budget=8192"), \
+                out.stderr[-1500:]
+        else:
+            assert out.returncode == 1 and 'under `if __name__ == "__main__":`, or pass jobs=1' in out.stderr, \
+                out.stderr[-1500:]

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -247,6 +249,9 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
         raise ConfigError(f"world_size and ranks_per_host must be >= 1, got {world_size} and {ranks_per_host}")
     if jobs is not None and int(jobs) < 1:
         raise ConfigError(f"jobs must be >= 1 (processes simulating the candidates), got {jobs}")
+    if jobs != 1 and _in_a_workers_import():
+        raise ConfigError(f"odb plan: plan(jobs={jobs}) was called while a worker process imported the calling "
+                          f"script. {_GUARD}")
     if cost not in ("padded", "packed"):
         raise ConfigError(f"cost must be 'padded' or 'packed', got {cost!r}")
     budgets = sorted(set(budgets or DEFAULT_BUDGETS))
@@ -259,11 +264,10 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
     cut = [w for w in asked if w > per_rank]  # a window past a rank's epoch holds nothing more: cut to it
     windows = sorted({w for w in asked if w <= per_rank} | ({per_rank} if cut else set()))
     dealt, order = _dealt(lens, total, seed)
-    sizes = [(int(x),) for x in dealt]
-    measures = [((int(x),), int(x) - 1) for x in dealt]
     scale = num_samples / total
     collate = "pad" if cost == "padded" else "packed"
-    filler = int(np.median(dealt))
+    run = _Epoch(dealt, world_size, cost, collate, step_model, preprocess_s, num_workers, sample_bytes, scale=scale)
+    sizes, filler = run.sizes, run.filler
     gmt_steps, todo, ref = [], [], {}
     for b in budgets:
         cm = make_cost_model(cost, b)
@@ -272,8 +276,6 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
         gmt_steps.append(gmt["steps"] * scale)
         ref[b] = (gmt, std)
         todo += _candidates(world_size, ranks_per_host, [b], windows)
-    run = _Epoch(measures, sizes, world_size, cost, collate, filler, scale, step_model, preprocess_s, num_workers,
-                 sample_bytes)
     jobs = _jobs(jobs, len(todo), total)
     predictions: list[Prediction] = [None] * len(todo)  # type: ignore[list-item]
 
@@ -287,14 +289,20 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
             done(k, *run.predict(c, *ref[c.token_budget]))
     else:
         from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures.process import BrokenProcessPool
         from multiprocessing import get_context
 
         # spawn: a fresh interpreter each (a fork would copy a parent's threads' state, torch's included)
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_Epoch.install,
-                                 initargs=(run,)) as pool:
-            futures = {pool.submit(_predict_installed, c, *ref[c.token_budget]): k for k, c in enumerate(todo)}
-            for f in as_completed(futures):
-                done(futures[f], *f.result())
+        try:
+            with tempfile.TemporaryDirectory(prefix="odb-plan-") as tmp, \
+                    ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_Epoch.install,
+                                        initargs=(run, _saved(tmp, run.dealt))) as pool:
+                futures = {pool.submit(_predict_installed, c, *ref[c.token_budget]): k for k, c in enumerate(todo)}
+                for f in as_completed(futures):
+                    done(futures[f], *f.result())
+        except (BrokenProcessPool, BrokenPipeError) as e:  # a worker died starting: most often the script below
+            raise ConfigError(f"odb plan: a worker process of plan(jobs={jobs}) ended before it answered "
+                              f"({type(e).__name__}). {_GUARD}") from e
     rec, why = _recommend(predictions, budgets, per_rank)
     if min(gmt_steps) < SMALL_EPOCH_STEPS:
         why.append(f"a small epoch: {per_rank} samples a rank, {min(gmt_steps):.0f} steps of the offline oracle's at "
@@ -306,6 +314,17 @@ def plan(lengths: Sequence[int], *, world_size: int, ranks_per_host: int = 1, bu
               "windows_cut": cut, "num_samples": num_samples, "seed": seed,
               "step_model": "H20_2B" if step_model == H20_2B else repr(step_model)}
     return PlanReport(predictions, rec, why, inputs, time.perf_counter() - t0)
+
+
+_GUARD = ("Each worker process of plan(jobs=None or > 1) imports the script that calls it: put the script's work "
+          "under `if __name__ == \"__main__\":`, or pass jobs=1 (one process)")
+
+
+def _in_a_workers_import() -> bool:
+    """Called from the top level of a script that a spawned worker is importing (as ``__mp_main__``, Python's name
+    for it there): a script without the ``__main__`` guard, which would plan again in every worker."""
+    return any(f.f_globals.get("__name__") == "__mp_main__" and f.f_code.co_name == "<module>"
+               for f, _ in traceback.walk_stack(None))
 
 
 # Below this many simulated samples (summed over the candidates, about 1 s of simulation) ``jobs=None`` keeps to this
@@ -329,14 +348,28 @@ class _Epoch:
 
     installed: "_Epoch | None" = None
 
-    def __init__(self, measures, sizes, world_size, cost, collate, filler, scale, step_model, preprocess_s,
-                 num_workers, sample_bytes):
-        self.measures, self.sizes, self.world_size, self.cost, self.collate = measures, sizes, world_size, cost, collate
-        self.filler, self.scale, self.step_model, self.preprocess_s = filler, scale, step_model, preprocess_s
+    def __init__(self, dealt: np.ndarray, world_size, cost, collate, step_model, preprocess_s, num_workers,
+                 sample_bytes, *, scale: float):
+        self.world_size, self.cost, self.collate, self.scale = world_size, cost, collate, scale
+        self.step_model, self.preprocess_s = step_model, preprocess_s
         self.num_workers, self.sample_bytes = num_workers, sample_bytes
+        self.filler = int(np.median(dealt))
+        self._read(dealt)
+
+    def _read(self, dealt: np.ndarray) -> None:
+        self.dealt = dealt
+        self.sizes = [(int(x),) for x in dealt]
+        self.measures = [((int(x),), int(x) - 1) for x in dealt]
+
+    def __getstate__(self) -> dict:
+        """What a worker is handed with its start: the settings; the lengths go by file (`install`).  A start's
+        message stays small: CPython writes it whole before the new process reads it, so a large one would
+        block the pool for good if that process ended early."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("dealt", "sizes", "measures")}
 
     @staticmethod
-    def install(epoch: "_Epoch") -> None:
+    def install(epoch: "_Epoch", path: str) -> None:
+        epoch._read(np.load(path))
         _Epoch.installed = epoch
 
     def predict(self, c: Candidate, gmt: dict, std: dict) -> tuple[Prediction, float]:
@@ -378,6 +411,12 @@ class _Epoch:
 def _predict_installed(c: Candidate, gmt: dict, std: dict) -> tuple[Prediction, float]:
     """A pool worker's task: `_Epoch.predict` on the epoch its initializer installed."""
     return _Epoch.installed.predict(c, gmt, std)
+
+
+def _saved(folder: str, dealt: np.ndarray) -> str:
+    path = os.path.join(folder, "lengths.npy")
+    np.save(path, dealt)
+    return path
 
 
 @contextmanager
