@@ -250,33 +250,36 @@ def test_loader_settings_validate_and_unknown_names_list_the_valid_ones():
         s.mode = "join"
 
 
-def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_no_trace():
-    """``traced=False`` (no trace written: a simulation, a loader without ``trace_dir``) drops only the
-    rows' trace fields; every post, release and row is the traced core's."""
+def _listed_core(n: int, *, traced: bool):
+    """A one-rank core on W = 4 and a padded budget of 64 over n samples of 3, 6, 9, ... tokens, read in order."""
     from odb.batching import make_cost_model
     from odb.core.info import LoaderStats
     from odb.core.rank import RankCore
 
-    def core(traced):
-        class Listed:  # ten samples of 3 to 30 tokens
-            def __init__(self):
-                self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(10)]
-                self.pulled, self.dry, self.reserve_taken = 0, False, 0
+    class Listed:
+        def __init__(self):
+            self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(n)]
+            self.pulled, self.dry, self.reserve_taken = 0, False, 0
 
-            def next(self):
-                if self.pulled == len(self.items):
-                    return None
-                self.pulled += 1
-                return self.items[self.pulled - 1]
+        def next(self):
+            if self.pulled == len(self.items):
+                return None
+            self.pulled += 1
+            return self.items[self.pulled - 1]
 
-        lay = _layout(4)
-        shared = Shared(protocol="p", window=4, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
-                        cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
-        return RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
-                        replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
-                                           epoch=0),
-                        layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
-                        template=lambda _fallback: None, traced=traced)
+    lay = _layout(4)
+    shared = Shared(protocol="p", window=4, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
+                    cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
+    return RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
+                    replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
+                                       epoch=0),
+                    layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
+                    template=lambda _fallback: None, traced=traced)
+
+
+def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_no_trace():
+    """``traced=False`` (no trace written: a simulation, a loader without ``trace_dir``) drops only the
+    rows' trace fields; every post, release and row is the traced core's."""
 
     def run(c):
         seen, traces, post = [], [], None
@@ -288,7 +291,7 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
             traces.append(o.trace)
         return seen, traces
 
-    (a, ta), (b, tb) = run(core(True)), run(core(False))
+    (a, ta), (b, tb) = run(_listed_core(10, traced=True)), run(_listed_core(10, traced=False))
     assert a == b and sum(len(r) for _, _, r in a) > 0
     assert any(t and "collective" in t for t in ta) and all(t is None for t in tb)
 
@@ -296,30 +299,6 @@ def test_an_untraced_core_posts_and_releases_what_a_traced_one_does_and_builds_n
 def test_advance_returns_the_post_that_step_after_step_returns_with_its_rows_record():
     """`RankCore.advance`: the post row's `Step` (state before and after, params, inputs read, payload) and every
     release are those of `step` called row by row to the post; the rows before leave the same window."""
-    from odb.batching import make_cost_model
-    from odb.core.info import LoaderStats
-    from odb.core.rank import RankCore
-
-    def core():
-        class Listed:  # 23 samples of 3 to 69 tokens, one over the budget
-            def __init__(self):
-                self.items = [(p, p, {"input_ids": [1] * (3 + 3 * p)}, ((3 + 3 * p,), 3 + 3 * p)) for p in range(23)]
-                self.pulled, self.dry, self.reserve_taken = 0, False, 0
-
-            def next(self):
-                if self.pulled == len(self.items):
-                    return None
-                self.pulled += 1
-                return self.items[self.pulled - 1]
-
-        lay = _layout(4)
-        shared = Shared(protocol="p", window=4, mode="pad", sharding="fixed", header_len=lay.length, policy="p",
-                        cost="c", loss_basis="label_tokens", shift_labels=False, order="own")
-        return RankCore(rank=0, world_size=1, mode=0, policy=default_policy(), cost=make_cost_model("padded", 64),
-                        replica=Replicated(shared, world_size=1, aheads=(0,), policy=default_policy(), order=None,
-                                           epoch=0),
-                        layout=lay, source=Listed(), oversize="alone", loss_slot=1, stats=LoaderStats(),
-                        template=lambda _fallback: None, traced=False)
 
     def run(c, fast):
         seen, post = [], None
@@ -338,7 +317,8 @@ def test_advance_returns_the_post_that_step_after_step_returns_with_its_rows_rec
                          [(b.positions, b.info) for b in o.release], len(c._window)))
         return seen
 
-    fast, slow = run(core(), True), run(core(), False)
+    # 23 samples of 3 to 69 tokens, one over the budget
+    fast, slow = run(_listed_core(23, traced=False), True), run(_listed_core(23, traced=False), False)
     assert fast == slow and sum(row[0] == "post_header" for row in fast) >= 5
     assert any(row[3] for row in fast)  # the collects' choices are in their rows' records
 

@@ -172,13 +172,7 @@ def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], c
     """
     rec, params = _Recording(inputs), {}
     s = _scope(table, local, rec, cfg, params)  # one scope: `params` fills in as the choices are made
-    cands, guards = _guards(table, local["ph"])
-    rows = [r for r, g in zip(cands, guards(s)) if g]  # `enabled_rows` (guards read no params)
-    if len(rows) != 1:
-        raise ProtocolError(
-            f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {dict(rec)}; "
-            "the table must enable exactly one row per step")
-    row = rows[0]
+    row = _the_enabled_row(*_guards(table, local["ph"]), s, local, rec)  # `enabled_rows` (guards read no params)
     if selected is not None:
         selected(row)
     for c in row.choices:
@@ -187,6 +181,17 @@ def step(table: Table, local: Mapping, inputs: Mapping | Callable[[str], int], c
     # the guard was just found true on these very reads (`rec` replays them; guards read no params), so
     # `fire`'s check of it is skipped; the choices' bounds are still checked
     return _apply(table, row, local, rec, cfg, params, s)
+
+
+def _the_enabled_row(cands: list[Row], guards: Callable[[Scope], tuple], s: Scope, local: Mapping,
+                     rec: Mapping) -> Row:
+    """The one row of `cands` whose guard holds in `s`; ProtocolError unless exactly one does."""
+    rows = [r for r, g in zip(cands, guards(s)) if g]
+    if len(rows) != 1:
+        raise ProtocolError(
+            f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs {dict(rec)}; "
+            "the table must enable exactly one row per step")
+    return rows[0]
 
 
 def run(table: Table, local: dict, inputs: Callable[[str], int], cfg: Mapping,
@@ -210,13 +215,7 @@ def run(table: Table, local: dict, inputs: Callable[[str], int], cfg: Mapping,
         hit = phases.get(ph)
         if hit is None:
             hit = phases[ph] = _guards(table, ph)
-        cands, guards = hit
-        rows = [r for r, g in zip(cands, guards(s)) if g]
-        if len(rows) != 1:
-            raise ProtocolError(
-                f"{len(rows)} rows enabled ({[r.name for r in rows]}) in state {dict(local)} with inputs "
-                f"{dict(rec)}; the table must enable exactly one row per step")
-        row = rows[0]
+        row = _the_enabled_row(*hit, s, local, rec)
         eff = row.effect
         if eff.kind in until:
             if selected is not None:
